@@ -1,0 +1,67 @@
+"""Pydantic v2 types that cross a package or process boundary.
+
+No jax, ray or sqlalchemy here: every other package imports these.
+"""
+
+from schemas.cluster import (
+    DTYPE_BYTES,
+    ClusterSpec,
+    ShardingConfig,
+    StageKey,
+    StrategyName,
+    SubmeshShape,
+)
+from schemas.job import Job, JobStatus, Progress
+from schemas.model import LayerSpec, ModelSpec, ParamSpec, VarSpec
+from schemas.plan import (
+    BaselinePlan,
+    ConfigSpace,
+    ManualStageOption,
+    OptimizerName,
+    Plan,
+    PlannedStage,
+    PlanOptions,
+    PlanRequest,
+    ScheduleEvent,
+    SubmeshSpace,
+    ZooRef,
+)
+from schemas.profile import (
+    ModuleKind,
+    ModuleProfileResult,
+    ProfileStatus,
+    StageProfileResult,
+    max_n_succ_stages,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "BaselinePlan",
+    "ClusterSpec",
+    "ConfigSpace",
+    "Job",
+    "JobStatus",
+    "LayerSpec",
+    "ManualStageOption",
+    "ModelSpec",
+    "ModuleKind",
+    "ModuleProfileResult",
+    "OptimizerName",
+    "ParamSpec",
+    "Plan",
+    "PlanOptions",
+    "PlanRequest",
+    "PlannedStage",
+    "ProfileStatus",
+    "Progress",
+    "ScheduleEvent",
+    "ShardingConfig",
+    "StageKey",
+    "StageProfileResult",
+    "StrategyName",
+    "SubmeshShape",
+    "SubmeshSpace",
+    "VarSpec",
+    "ZooRef",
+    "max_n_succ_stages",
+]

@@ -1,0 +1,132 @@
+"""The cluster, its submeshes, sharding configs and stage candidate keys."""
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from schemas.base import Frozen
+
+StrategyName = Literal["data", "megatron", "fsdp"]
+
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint64": 8,
+    "uint32": 4,
+    "uint16": 2,
+    "uint8": 1,
+    "bool": 1,
+}
+
+MAX_HOSTS = 1024
+MAX_DEVICES_PER_HOST = 1024
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+class ClusterSpec(Frozen):
+    """The devices a plan may use: `num_hosts` × `devices_per_host` identical devices."""
+
+    num_hosts: int = Field(1, ge=1, le=MAX_HOSTS, description="Number of hosts.")
+    devices_per_host: int = Field(
+        4, ge=1, le=MAX_DEVICES_PER_HOST, description="Devices per host; a power of two."
+    )
+    device_kind: str = Field(
+        "cpu", min_length=1, max_length=64, description="Device kind, e.g. 'cpu' or 'NVIDIA H100'."
+    )
+    device_memory_bytes: int = Field(
+        16 * 2**30, gt=0, description="Memory of one device, in bytes."
+    )
+    intra_host_bandwidth_bytes_per_s: float = Field(
+        100e9, gt=0, description="Device-to-device bandwidth inside a host, bytes/s."
+    )
+    inter_host_bandwidth_bytes_per_s: float = Field(
+        12.5e9, gt=0, description="Host-to-host bandwidth, bytes/s."
+    )
+
+    @field_validator("devices_per_host")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if not _is_power_of_two(v):
+            raise ValueError(f"must be a power of two (Alpa's submesh rule), got {v}")
+        return v
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_hosts * self.devices_per_host
+
+
+class SubmeshShape(Frozen):
+    """A physical slice of the cluster: `hosts` × `devices_per_host`."""
+
+    hosts: int = Field(ge=1, le=MAX_HOSTS, description="Hosts in the submesh.")
+    devices_per_host: int = Field(
+        ge=1, le=MAX_DEVICES_PER_HOST, description="Devices used on each host."
+    )
+
+    @property
+    def num_devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+    def as_tuple(self) -> tuple[int, int]:
+        return (self.hosts, self.devices_per_host)
+
+    def __str__(self) -> str:
+        return f"{self.hosts}x{self.devices_per_host}"
+
+
+class ShardingConfig(Frozen):
+    """A logical mesh `(dp, tp)` of a submesh plus a named sharding strategy.
+
+    Alpa calls this an auto-sharding config, e.g. ``((2, 1), {"force_batch_dim_to_mesh_dim": 0})``.
+    """
+
+    logical_mesh: tuple[int, int] = Field(
+        description="Logical mesh shape (dp, tp): sizes of the 'data' and 'model' axes."
+    )
+    strategy: StrategyName = Field(description="How parameters and batch are laid on the mesh.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Strategy options, kept as given (JSON values)."
+    )
+
+    @field_validator("logical_mesh")
+    @classmethod
+    def _positive(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if any(x < 1 for x in v):
+            raise ValueError(f"mesh axes must be >= 1, got {v}")
+        return v
+
+    @property
+    def num_devices(self) -> int:
+        return self.logical_mesh[0] * self.logical_mesh[1]
+
+    def label(self) -> str:
+        dp, tp = self.logical_mesh
+        return f"{dp}x{tp}/{self.strategy}"
+
+
+class StageKey(Frozen):
+    """A stage candidate: layers `start..end` (inclusive) on submesh `submesh_id` with
+    sharding config `config_id` (indices into the job's submesh and config choices)."""
+
+    start: int = Field(ge=0, description="First layer of the stage.")
+    end: int = Field(ge=0, description="Last layer of the stage, inclusive.")
+    submesh_id: int = Field(ge=0, description="Index into the job's submesh choices.")
+    config_id: int = Field(ge=0, description="Index into the submesh's sharding configs.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "StageKey":
+        if self.end < self.start:
+            raise ValueError(f"end ({self.end}) must be >= start ({self.start})")
+        return self
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.start, self.end, self.submesh_id, self.config_id)

@@ -1,0 +1,158 @@
+"""The model on the wire: a layered dataflow graph of `jax.export` programs.
+
+Calling convention of a layer's program: positional arguments are the layer's
+parameters (in `params` order) followed by its inputs (in `inputs` order); it returns
+a tuple of its `outputs`, in order. Never a pickle.
+"""
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from schemas.base import Frozen
+from schemas.cluster import DTYPE_BYTES
+
+MAX_LAYERS = 1024
+MAX_RANK = 8
+MAX_DIM = 2**31
+MAX_PROGRAM_CHARS = 64 * 2**20
+MAX_VARS_PER_LAYER = 4096
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/\-\[\]]{0,127}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def _check_name(v: str) -> str:
+    if not _NAME_RE.match(v):
+        raise ValueError(
+            f"{v!r} is not a valid name: start with a letter or '_', at most 128 characters "
+            "of letters, digits and _.:/-[]"
+        )
+    return v
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+
+
+def _check_unique(names: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"duplicate {what} name {n!r}")
+        seen.add(n)
+
+
+class VarSpec(Frozen):
+    """A named array: shape and dtype (per micro-batch for batch inputs and activations)."""
+
+    name: Name = Field(description="Variable name, unique in the model.")
+    shape: tuple[int, ...] = Field(description="Array shape; every dim >= 1.")
+    dtype: str = Field(description=f"Element type, one of {sorted(DTYPE_BYTES)}.")
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if len(v) > MAX_RANK:
+            raise ValueError(f"rank {len(v)} exceeds the limit of {MAX_RANK}")
+        for d in v:
+            if d < 1 or d > MAX_DIM:
+                raise ValueError(f"every dimension must be in [1, {MAX_DIM}], got {v}")
+        return v
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in DTYPE_BYTES:
+            raise ValueError(f"unsupported dtype {v!r}; use one of {sorted(DTYPE_BYTES)}")
+        return v
+
+    @property
+    def size_bytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class ParamSpec(VarSpec):
+    """A trainable parameter, optionally with logical axis names (for megatron sharding)."""
+
+    logical_axes: tuple[str | None, ...] | None = Field(
+        None,
+        description="One logical name per dim (e.g. ('embed', 'mlp')) or null; "
+        "'mlp', 'heads', 'vocab', 'experts' split on the model axis.",
+    )
+
+    @model_validator(mode="after")
+    def _axes_rank(self) -> "ParamSpec":
+        if self.logical_axes is not None and len(self.logical_axes) != len(self.shape):
+            raise ValueError(
+                f"logical_axes has {len(self.logical_axes)} names for a rank-{len(self.shape)} "
+                "parameter"
+            )
+        return self
+
+
+class LayerSpec(Frozen):
+    """One layer: a contiguous piece of the forward computation."""
+
+    name: Name = Field(description="Layer name, unique in the model.")
+    inputs: list[VarSpec] = Field(
+        description="Vars it reads: model inputs or outputs of earlier layers."
+    )
+    outputs: list[VarSpec] = Field(min_length=1, description="Vars it produces.")
+    params: list[ParamSpec] = Field(default_factory=list, description="Its parameters.")
+    program: str = Field(
+        max_length=MAX_PROGRAM_CHARS,
+        description="jax.export serialized program (vjp_order=1), base64.",
+    )
+    jaxpr: str = Field("", max_length=MAX_PROGRAM_CHARS, description="Its jaxpr, as text.")
+    flops: float = Field(0.0, ge=0, description="Forward FLOPs per micro-batch.")
+    fingerprint: str = Field(
+        "",
+        max_length=128,
+        description="Hash of the canonical computation and shapes; equal for identical layers.",
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> "LayerSpec":
+        names = [v.name for v in self.inputs] + [v.name for v in self.outputs]
+        names += [p.name for p in self.params]
+        if len(names) > MAX_VARS_PER_LAYER:
+            raise ValueError(f"more than {MAX_VARS_PER_LAYER} vars")
+        _check_unique(names, "var")
+        return self
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.size_bytes for p in self.params)
+
+
+class ModelSpec(Frozen):
+    """A model as L layers of `jax.export` programs, traced at the micro-batch size."""
+
+    name: Name = Field("model", description="Human-readable model name.")
+    inputs: list[VarSpec] = Field(
+        min_length=1, description="Batch inputs per micro-batch; dim 0 is the batch dim."
+    )
+    layers: list[LayerSpec] = Field(
+        min_length=1, max_length=MAX_LAYERS, description="The layers, in execution order."
+    )
+    loss: str = Field(description="Name of the scalar loss var, an output of the last layer.")
+    jax_version: str = Field("", max_length=64, description="jax version that exported it.")
+
+    @model_validator(mode="after")
+    def _names(self) -> "ModelSpec":
+        _check_unique([v.name for v in self.inputs], "model input")
+        _check_unique([layer.name for layer in self.layers], "layer")
+        if self.loss not in {v.name for v in self.layers[-1].outputs}:
+            raise ValueError(f"loss {self.loss!r} is not an output of the last layer")
+        return self
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.inputs[0].shape[0] if self.inputs[0].shape else 1
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)

@@ -1,0 +1,180 @@
+"""Plan requests and plans: what the planner answers, also usable as manual input."""
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from schemas.base import Frozen
+from schemas.cluster import ClusterSpec, ShardingConfig, StrategyName, SubmeshShape
+from schemas.model import ModelSpec
+
+SubmeshSpace = Literal["power_of_two", "small_power_of_two", "all", "manual"]
+ConfigSpace = Literal["all", "single_node_model_parallel", "data_parallel_only"]
+OptimizerName = Literal["sgd", "adam"]
+MAX_MICROBATCHES = 4096
+
+
+class PlanOptions(Frozen):
+    """How to enumerate, measure and plan."""
+
+    num_microbatches: int = Field(
+        4, ge=1, le=MAX_MICROBATCHES, description="Micro-batches per iteration (B)."
+    )
+    global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Global batch; must equal micro-batch size × num_microbatches. "
+        "Default: the spec's micro-batch size × num_microbatches.",
+    )
+    submesh_space: SubmeshSpace = Field("power_of_two", description="Submesh choices (Alpa).")
+    manual_submeshes: list[tuple[int, int]] | None = Field(
+        None, description="(hosts, devices_per_host) choices when submesh_space is 'manual'."
+    )
+    config_space: ConfigSpace = Field(
+        "all", description="Logical meshes tried per submesh (Alpa's logical shape space)."
+    )
+    strategies: list[StrategyName] = Field(
+        default_factory=lambda: ["data", "megatron", "fsdp"],
+        min_length=1,
+        description="Sharding strategies tried on each logical mesh.",
+    )
+    optimizer: OptimizerName = Field("adam", description="Optimizer of the apply_grad module.")
+    repeats: int = Field(5, ge=1, le=1000, description="Timed runs per module.")
+    warmup: int = Field(1, ge=0, le=100, description="Untimed runs before timing.")
+    candidate_timeout_s: float = Field(
+        300.0, gt=0, le=86400, description="Wall-clock limit per candidate, seconds."
+    )
+    layer_imbalance_tolerance: float | None = Field(
+        None,
+        gt=0,
+        description="Skip ranges whose FLOPs exceed this × the balanced share (Alpa's "
+        "stage_imbalance_tolerance); null keeps every range.",
+    )
+    include_communication: bool = Field(
+        False, description="Add inter-stage activation transfer time (Alpa ignores it)."
+    )
+
+    @field_validator("strategies")
+    @classmethod
+    def _unique_strategies(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"strategies must be unique, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PlanOptions":
+        if self.global_batch_size is not None and self.global_batch_size % self.num_microbatches:
+            raise ValueError(
+                f"num_microbatches ({self.num_microbatches}) must divide global_batch_size "
+                f"({self.global_batch_size})"
+            )
+        if self.submesh_space == "manual" and not self.manual_submeshes:
+            raise ValueError("manual_submeshes is required when submesh_space is 'manual'")
+        return self
+
+    def check_micro_batch(self, micro_batch_size: int) -> None:
+        """Raise ValueError when the global batch disagrees with the spec's micro-batch."""
+        if self.global_batch_size is None:
+            return
+        mb = self.global_batch_size // self.num_microbatches
+        if mb != micro_batch_size:
+            raise ValueError(
+                f"global_batch_size / num_microbatches = {mb}, but the model was traced at "
+                f"micro-batch {micro_batch_size}"
+            )
+
+
+class ZooRef(Frozen):
+    """A model from the server-side zoo, by name with overrides."""
+
+    name: str = Field(min_length=1, max_length=64, description="Zoo model name, e.g. 'gpt'.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Overrides.")
+
+
+class PlanRequest(Frozen):
+    """Plan a model on a cluster. Exactly one of `model_id`, `model`, `zoo`."""
+
+    model_id: str | None = Field(None, max_length=64, description="A stored model's id.")
+    model: ModelSpec | None = Field(None, description="An inline model spec.")
+    zoo: ZooRef | None = Field(None, description="A zoo model.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="The cluster.")
+    options: PlanOptions = Field(default_factory=PlanOptions, description="Plan options.")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> "PlanRequest":
+        given = [n for n in ("model_id", "model", "zoo") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of model_id, model, zoo (got {given or 'none'})")
+        return self
+
+
+class PlannedStage(Frozen):
+    """One stage of a plan."""
+
+    start: int = Field(ge=0, description="First layer.")
+    end: int = Field(ge=0, description="Last layer, inclusive.")
+    layer_names: list[str] = Field(description="Names of its layers.")
+    submesh_id: int = Field(ge=0, description="Index into the job's submesh choices.")
+    config_id: int = Field(ge=0, description="Index into the submesh's configs.")
+    submesh: SubmeshShape = Field(description="Physical submesh.")
+    config: ShardingConfig = Field(description="Logical mesh and strategy.")
+    forward_cost: float = Field(ge=0, description="Forward time per micro-batch, seconds.")
+    backward_cost: float = Field(ge=0, description="Backward time per micro-batch, seconds.")
+    compute_cost: float = Field(ge=0, description="forward + backward (DP stage time), seconds.")
+    comm_cost_s: float = Field(0.0, ge=0, description="Added transfer time, seconds.")
+    peak_memory: int = Field(0, ge=0, description="Peak memory per device, bytes.")
+    initial_var_size: int = Field(0, ge=0, description="Params + optimizer state, bytes.")
+    intermediate_size: int = Field(0, ge=0, description="Activations per micro-batch, bytes.")
+    max_n_succ_stages: int = Field(-1, description="Stages allowed after it by memory.")
+    fingerprint: str = Field("", description="Stage fingerprint of its profile.")
+
+
+class ScheduleEvent(Frozen):
+    """One forward or backward of one micro-batch on one stage (1F1B schedule model)."""
+
+    stage: int = Field(ge=0)
+    microbatch: int = Field(ge=0)
+    kind: Literal["forward", "backward"]
+    start_s: float = Field(ge=0, description="Start time, seconds from iteration start.")
+    end_s: float = Field(ge=0, description="End time, seconds.")
+
+
+class BaselinePlan(Frozen):
+    """A simple plan from the same table, for comparison."""
+
+    name: str = Field(description="'data_parallel' (one stage) or 'uniform_<n>'.")
+    iteration_time_s: float | None = Field(
+        None, description="Predicted iteration time, seconds; null when infeasible."
+    )
+    stages: list[PlannedStage] = Field(default_factory=list)
+    reason: str | None = Field(None, description="Why it is infeasible, when it is.")
+
+
+class ManualStageOption(Frozen):
+    """Alpa's `ManualStageOption`: a plan in the shape Alpa replays."""
+
+    forward_stage_layer_ids: list[list[int]]
+    submesh_physical_shapes: list[tuple[int, int]]
+    submesh_logical_shapes: list[tuple[int, int]]
+    submesh_autosharding_option_dicts: list[dict[str, Any]]
+
+
+class Plan(Frozen):
+    """A pipeline plan: stages covering every layer, using every device."""
+
+    stages: list[PlannedStage] = Field(min_length=1)
+    num_microbatches: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_devices: int = Field(ge=1)
+    dp_cost_s: float = Field(
+        ge=0, description="DP objective Σt + (B-1)·max t, seconds (Alpa's training_dp)."
+    )
+    predicted_iteration_time_s: float = Field(
+        ge=0, description="1F1B schedule model iteration time, seconds."
+    )
+    bubble_fraction: float = Field(ge=0, le=1, description="Idle share of device time.")
+    dp_wall_seconds: float = Field(0.0, ge=0, description="Time the DP took, seconds.")
+    include_communication: bool = False
+    baselines: list[BaselinePlan] = Field(default_factory=list)
+    schedule: list[ScheduleEvent] = Field(default_factory=list)
+    manual_stage_option: ManualStageOption | None = None
