@@ -7,7 +7,7 @@ from pydantic import Field
 
 from schemas.base import Frozen
 from schemas.cluster import ClusterSpec
-from schemas.plan import PlanOptions
+from schemas.plan import PlanOptions, ZooRef
 
 
 class JobStatus(StrEnum):
@@ -37,7 +37,8 @@ class Job(Frozen):
     """A job as the API shows it."""
 
     id: str
-    model_id: str
+    model_id: str | None = Field(None, description="Null until a zoo job's model is built.")
+    zoo: ZooRef | None = Field(None, description="The zoo model requested, if any.")
     model_name: str = ""
     status: JobStatus
     cluster: ClusterSpec

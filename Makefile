@@ -1,0 +1,46 @@
+# The two commands: `make demo` (plan a small GPT on this machine) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.install-stamp
+PG_TEST_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/stageprof_test
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint format postgres chromium bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/stageprof plan --zoo gpt --hosts 1 --devices-per-host 4 --report stageprof-report.html
+
+postgres:
+	@bash scripts/ensure_postgres.sh
+
+chromium:
+	@bash scripts/ensure_chromium.sh
+
+test: install postgres chromium
+	STAGEPROF_DATABASE_URL=$(PG_TEST_URL) $(BIN)/stageprof db upgrade
+	STAGEPROF_TEST_POSTGRES_URL=$(PG_TEST_URL) $(BIN)/pytest -q -ra $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python bench/planner_bench.py
+	$(BIN)/python bench/time_to_plan.py
+
+clean:
+	rm -rf $(VENV) stageprof.db build *.egg-info

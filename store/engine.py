@@ -1,0 +1,69 @@
+"""Engines and sessions for Postgres or SQLite, chosen by URL."""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+DATABASE_URL_ENV = "STAGEPROF_DATABASE_URL"
+DEFAULT_DATABASE_URL = "sqlite:///stageprof.db"
+SQLITE_BUSY_TIMEOUT_S = 60
+
+
+def database_url() -> str:
+    """`STAGEPROF_DATABASE_URL`, or a SQLite file `./stageprof.db` in the working directory.
+
+    A bare `postgresql://` URL is given the psycopg 3 driver.
+    """
+    url = os.environ.get(DATABASE_URL_ENV, "").strip() or DEFAULT_DATABASE_URL
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
+    """An engine for `url` (default: `database_url()`), with SQLite set up for concurrent use."""
+    url = url or database_url()
+    if url.startswith("sqlite"):
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+        engine = create_engine(url, connect_args=connect_args, **kwargs)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def is_postgres(session_or_engine: Session | Engine) -> bool:
+    bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else None
+    engine = bind if bind is not None else session_or_engine
+    return engine.dialect.name == "postgresql"  # type: ignore[union-attr]

@@ -1,0 +1,221 @@
+"""Stage profiles (one row per stage fingerprint) and the candidates of each job."""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from schemas import ProfileStatus, StageKey, StageProfileResult
+from store.base import utcnow
+from store.engine import is_postgres
+from store.tables import JobCandidateRow, StageProfileRow
+
+# Failures that depend on the moment, not on the stage: measured again by a later job.
+TRANSIENT_STATUSES = (
+    ProfileStatus.timeout.value,
+    ProfileStatus.worker_lost.value,
+    ProfileStatus.runtime_error.value,
+)
+REUSABLE_STATUSES = tuple(s.value for s in ProfileStatus if s.value not in TRANSIENT_STATUSES)
+
+
+@dataclass(frozen=True)
+class CandidateIn:
+    """A candidate to add to a job: its key, stage fingerprint and what it runs on."""
+
+    key: StageKey
+    fingerprint: str
+    num_devices: int
+    strategy: str
+
+
+def _profile_values(result: StageProfileResult) -> dict[str, Any]:
+    ok = result.ok
+    return {
+        "fingerprint": result.fingerprint,
+        "status": result.status.value,
+        "compute_cost": result.compute_cost if ok else None,
+        "forward_cost": result.forward_cost if ok else None,
+        "backward_cost": result.backward_cost if ok else None,
+        "peak_memory": result.peak_memory,
+        "initial_var_size": result.initial_var_size,
+        "intermediate_size": result.intermediate_size,
+        "max_n_succ_stages": result.max_n_succ_stages,
+        "num_layers": result.num_layers,
+        "submesh_hosts": result.submesh.hosts,
+        "submesh_devices": result.submesh.devices_per_host,
+        "mesh_dp": result.config.logical_mesh[0],
+        "mesh_tp": result.config.logical_mesh[1],
+        "strategy": result.config.strategy,
+        "device_kind": result.device_kind,
+        "jax_version": result.jax_version,
+        "compile_seconds": result.compile_seconds,
+        "error": result.error,
+        "result": result.model_dump(mode="json"),
+        "created_at": utcnow(),
+    }
+
+
+def save_profile(session: Session, *, result: StageProfileResult) -> StageProfileRow:
+    """Store a measurement; concurrent saves of one fingerprint keep one row.
+
+    A stored transient failure (timeout, worker lost, runtime error) is replaced by a new
+    result; anything else stored first wins.
+    """
+    values = _profile_values(result)
+    insert = pg_insert if is_postgres(session) else sqlite_insert
+    stmt = insert(StageProfileRow).values(**values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[StageProfileRow.fingerprint],
+        set_={k: stmt.excluded[k] for k in values if k != "fingerprint"},
+        where=StageProfileRow.status.in_(TRANSIENT_STATUSES),
+    )
+    session.execute(stmt)
+    row = session.scalars(
+        select(StageProfileRow)
+        .where(StageProfileRow.fingerprint == result.fingerprint)
+        .execution_options(populate_existing=True)
+    ).one()
+    return row
+
+
+def get_profile(session: Session, *, fingerprint: str) -> StageProfileRow | None:
+    stmt = select(StageProfileRow).where(StageProfileRow.fingerprint == fingerprint)
+    return session.scalars(stmt).first()
+
+
+def reusable_profiles(
+    session: Session, *, fingerprints: Iterable[str]
+) -> dict[str, StageProfileRow]:
+    """Stored profiles that a job may reuse instead of measuring (not transient failures)."""
+    wanted = list(set(fingerprints))
+    found: dict[str, StageProfileRow] = {}
+    for i in range(0, len(wanted), 500):
+        stmt = select(StageProfileRow).where(
+            StageProfileRow.fingerprint.in_(wanted[i : i + 500]),
+            StageProfileRow.status.in_(REUSABLE_STATUSES),
+        )
+        found.update((row.fingerprint, row) for row in session.scalars(stmt))
+    return found
+
+
+def profile_result(row: StageProfileRow) -> StageProfileResult:
+    return StageProfileResult.model_validate(row.result)
+
+
+def add_candidates(
+    session: Session, *, job_id: str, model_id: str | None, candidates: Iterable[CandidateIn]
+) -> int:
+    """Add a job's candidates; those already there (a resumed job) are kept as they are."""
+    existing = {
+        (r.start, r.end, r.submesh_id, r.config_id)
+        for r in session.execute(
+            select(
+                JobCandidateRow.start,
+                JobCandidateRow.end,
+                JobCandidateRow.submesh_id,
+                JobCandidateRow.config_id,
+            ).where(JobCandidateRow.job_id == job_id)
+        )
+    }
+    rows = [
+        {
+            "job_id": job_id,
+            "model_id": model_id,
+            "start": c.key.start,
+            "end": c.key.end,
+            "submesh_id": c.key.submesh_id,
+            "config_id": c.key.config_id,
+            "num_devices": c.num_devices,
+            "strategy": c.strategy,
+            "fingerprint": c.fingerprint,
+        }
+        for c in candidates
+        if c.key.as_tuple() not in existing
+    ]
+    if rows:
+        session.execute(JobCandidateRow.__table__.insert(), rows)
+    return len(rows)
+
+
+def pending_fingerprints(session: Session, *, job_id: str) -> list[str]:
+    """Fingerprints of the job's candidates that have no result yet, largest submesh first."""
+    stmt = (
+        select(JobCandidateRow.fingerprint, JobCandidateRow.num_devices)
+        .where(JobCandidateRow.job_id == job_id, JobCandidateRow.profile_id.is_(None))
+        .order_by(JobCandidateRow.num_devices.desc(), JobCandidateRow.id)
+    )
+    seen: dict[str, None] = {}
+    for fp, _ in session.execute(stmt):
+        seen.setdefault(fp, None)
+    return list(seen)
+
+
+def representative_keys(session: Session, *, job_id: str) -> dict[str, StageKey]:
+    """For each fingerprint of a job, the first candidate key that has it."""
+    stmt = (
+        select(
+            JobCandidateRow.fingerprint,
+            JobCandidateRow.start,
+            JobCandidateRow.end,
+            JobCandidateRow.submesh_id,
+            JobCandidateRow.config_id,
+        )
+        .where(JobCandidateRow.job_id == job_id)
+        .order_by(JobCandidateRow.id)
+    )
+    keys: dict[str, StageKey] = {}
+    for fp, s, e, m, c in session.execute(stmt):
+        keys.setdefault(fp, StageKey(start=s, end=e, submesh_id=m, config_id=c))
+    return keys
+
+
+def record_result(session: Session, *, job_id: str, profile: StageProfileRow, reused: bool) -> int:
+    """Attach `profile` to every candidate of the job with its fingerprint; returns how many."""
+    result = session.execute(
+        update(JobCandidateRow)
+        .where(
+            JobCandidateRow.job_id == job_id,
+            JobCandidateRow.fingerprint == profile.fingerprint,
+            JobCandidateRow.profile_id.is_(None),
+        )
+        .values(
+            profile_id=profile.id,
+            reused=reused,
+            status=profile.status,
+            compute_cost=profile.compute_cost,
+            peak_memory=profile.peak_memory,
+            recorded_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def job_results(
+    session: Session, *, job_id: str
+) -> Mapping[tuple[int, int, int, int], StageProfileResult]:
+    """Every recorded candidate of a job with its measurement, by key tuple."""
+    stmt = (
+        select(
+            JobCandidateRow.start,
+            JobCandidateRow.end,
+            JobCandidateRow.submesh_id,
+            JobCandidateRow.config_id,
+            StageProfileRow.id,
+            StageProfileRow.result,
+        )
+        .join(StageProfileRow, StageProfileRow.id == JobCandidateRow.profile_id)
+        .where(JobCandidateRow.job_id == job_id)
+    )
+    cache: dict[int, StageProfileResult] = {}
+    out: dict[tuple[int, int, int, int], StageProfileResult] = {}
+    for s, e, m, c, profile_id, result in session.execute(stmt):
+        if profile_id not in cache:
+            cache[profile_id] = StageProfileResult.model_validate(result)
+        out[(s, e, m, c)] = cache[profile_id]
+    return out

@@ -1,0 +1,74 @@
+"""Shared fixtures: a migrated database per backend (SQLite and the real Postgres)."""
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, delete
+from sqlalchemy.orm import Session, sessionmaker
+
+from migrations import upgrade
+from store import Base, make_engine, make_sessionmaker
+
+POSTGRES_URL_ENV = "STAGEPROF_TEST_POSTGRES_URL"
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/stageprof_test"
+
+
+def postgres_url() -> str:
+    return os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
+
+
+def reset_postgres(url: str) -> None:
+    """Drop everything in the test database's public schema."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
+        conn.exec_driver_sql("CREATE SCHEMA public")
+    engine.dispose()
+
+
+@pytest.fixture(
+    scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A database migrated to head: a SQLite file, or the Postgres test database."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'stageprof.db'}"
+    else:
+        url = postgres_url()
+        reset_postgres(url)
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    """A session inside an outer transaction that is rolled back after the test."""
+    conn = engine.connect()
+    outer = conn.begin()
+    sess = Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
+    try:
+        yield sess
+    finally:
+        sess.close()
+        outer.rollback()
+        conn.close()
+
+
+@pytest.fixture
+def committing(engine: Engine) -> Iterator[sessionmaker[Session]]:
+    """A session factory whose commits are real (for concurrency); tables emptied after."""
+    factory = make_sessionmaker(engine)
+    try:
+        yield factory
+    finally:
+        with engine.begin() as conn:
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(delete(table))

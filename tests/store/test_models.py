@@ -1,0 +1,40 @@
+"""Model specs: content-addressed, programs stored once per layer fingerprint."""
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from store import LayerProgramRow, get_model_spec, model_id_for, put_model
+from tests.store.factories import tiny_spec
+
+
+def test_put_model_is_idempotent_by_content(session: Session) -> None:
+    spec = tiny_spec()
+    row, created = put_model(session, spec=spec)
+    again, created_again = put_model(session, spec=tiny_spec(program_tag="other-bytes"))
+    assert created and not created_again
+    assert row.id == again.id == model_id_for(spec)
+    assert len(row.id) == 64
+
+
+def test_model_round_trips_with_programs(session: Session) -> None:
+    spec = tiny_spec()
+    row, _ = put_model(session, spec=spec)
+    loaded = get_model_spec(session, model_id=row.id)
+    assert loaded == spec
+
+
+def test_different_widths_are_different_models(session: Session) -> None:
+    a, _ = put_model(session, spec=tiny_spec(width=8))
+    b, created = put_model(session, spec=tiny_spec(width=16))
+    assert created and a.id != b.id
+
+
+def test_layer_programs_stored_once_per_fingerprint(session: Session) -> None:
+    put_model(session, spec=tiny_spec(width=8, name="one"))
+    put_model(session, spec=tiny_spec(width=8, name="two"))
+    n = session.scalar(select(func.count()).select_from(LayerProgramRow))
+    assert n == 2  # two distinct layer fingerprints, shared by both models
+
+
+def test_unknown_model_is_none(session: Session) -> None:
+    assert get_model_spec(session, model_id="0" * 64) is None

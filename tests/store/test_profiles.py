@@ -1,0 +1,112 @@
+"""Stage profiles: one row per fingerprint, even under concurrent saves; reuse rules."""
+
+import threading
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from schemas import ClusterSpec, PlanOptions, ProfileStatus, StageKey
+from store import (
+    CandidateIn,
+    StageProfileRow,
+    add_candidates,
+    create_job,
+    get_profile,
+    job_results,
+    pending_fingerprints,
+    profile_result,
+    put_model,
+    record_result,
+    representative_keys,
+    reusable_profiles,
+    save_profile,
+    session_scope,
+)
+from tests.store.factories import profile, tiny_spec
+
+
+def test_save_and_read_back(session: Session) -> None:
+    result = profile("f1", cost=0.02)
+    row = save_profile(session, result=result)
+    assert row.status == "ok" and row.compute_cost == result.compute_cost
+    assert profile_result(row) == result
+    assert get_profile(session, fingerprint="f1") is not None
+
+
+def test_failed_profile_has_no_cost(session: Session) -> None:
+    row = save_profile(session, result=profile("f2", ProfileStatus.compile_error))
+    assert row.compute_cost is None and row.error == "compile_error happened"
+
+
+def test_first_ok_result_wins(session: Session) -> None:
+    first = save_profile(session, result=profile("f3", cost=1.0))
+    second = save_profile(session, result=profile("f3", cost=2.0))
+    assert first.id == second.id and second.compute_cost == 1.0
+
+
+def test_transient_failure_is_replaced_and_not_reused(session: Session) -> None:
+    save_profile(session, result=profile("f4", ProfileStatus.timeout))
+    assert reusable_profiles(session, fingerprints=["f4"]) == {}
+    row = save_profile(session, result=profile("f4", cost=3.0))
+    assert row.status == "ok" and row.compute_cost == 3.0
+    assert set(reusable_profiles(session, fingerprints=["f4", "nope"])) == {"f4"}
+
+
+def test_oom_is_reusable(session: Session) -> None:
+    save_profile(session, result=profile("f5", ProfileStatus.oom))
+    assert set(reusable_profiles(session, fingerprints=["f5"])) == {"f5"}
+
+
+def test_concurrent_saves_keep_one_row(committing: sessionmaker[Session]) -> None:
+    barrier = threading.Barrier(4)
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def saver(cost: float) -> None:
+        barrier.wait()
+        with session_scope(committing) as s:
+            row = save_profile(s, result=profile("same", cost=cost))
+            with lock:
+                ids.append(row.id)
+
+    threads = [threading.Thread(target=saver, args=(0.1 * (i + 1),)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    with session_scope(committing) as s:
+        n = s.scalar(
+            select(func.count())
+            .select_from(StageProfileRow)
+            .where(StageProfileRow.fingerprint == "same")
+        )
+    assert n == 1 and len(ids) == 4 and len(set(ids)) == 1
+
+
+def test_candidates_record_results_by_fingerprint(session: Session) -> None:
+    model, _ = put_model(session, spec=tiny_spec())
+    job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())
+    keys = [
+        StageKey(start=0, end=0, submesh_id=1, config_id=0),
+        StageKey(start=1, end=1, submesh_id=1, config_id=0),
+        StageKey(start=0, end=1, submesh_id=0, config_id=0),
+    ]
+    add_candidates(
+        session,
+        job_id=job.id,
+        model_id=model.id,
+        candidates=[
+            CandidateIn(keys[0], "same-block", 2, "data"),
+            CandidateIn(keys[1], "same-block", 2, "data"),
+            CandidateIn(keys[2], "whole", 4, "data"),
+        ],
+    )
+    assert pending_fingerprints(session, job_id=job.id) == ["whole", "same-block"]
+    assert representative_keys(session, job_id=job.id)["same-block"] == keys[0]
+    row = save_profile(session, result=profile("same-block", key=keys[0]))
+    assert record_result(session, job_id=job.id, profile=row, reused=False) == 2
+    assert record_result(session, job_id=job.id, profile=row, reused=False) == 0
+    assert pending_fingerprints(session, job_id=job.id) == ["whole"]
+    results = job_results(session, job_id=job.id)
+    assert set(results) == {keys[0].as_tuple(), keys[1].as_tuple()}
+    assert results[keys[1].as_tuple()].fingerprint == "same-block"
