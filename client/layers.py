@@ -1,0 +1,62 @@
+"""Layer markers and cutting a jaxpr's equations into layers by their top-level named scope."""
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+
+_INVALID = re.compile(r"[^A-Za-z0-9_.:/\-\[\]]")
+
+
+@contextlib.contextmanager
+def layer(name: str) -> Iterator[None]:
+    """Mark the enclosed computation as one layer (a thin wrapper on `jax.named_scope`)."""
+    with jax.named_scope(name):
+        yield
+
+
+def clean_name(name: str, fallback: str) -> str:
+    """`name` made valid for schemas' NAME_PATTERN (invalid characters become '_')."""
+    name = _INVALID.sub("_", name)[:128]
+    if not name:
+        return fallback
+    if not (name[0].isalpha() or name[0] == "_"):
+        name = ("_" + name)[:128]
+    return name
+
+
+def top_scope(eqn: Any) -> str | None:
+    """The outermost `jax.named_scope` name of an equation, or None when it has none."""
+    for item in eqn.source_info.name_stack.stack:
+        name = getattr(item, "name", None)
+        if type(item).__name__ == "Scope" and name:
+            return str(name)
+    return None
+
+
+def scope_segments(eqns: Sequence[Any]) -> list[tuple[str, int, int]]:
+    """Cut equations into contiguous `(name, lo, hi)` runs of equal top-level scope.
+
+    Unscoped equations join the run before them (or the first run when they lead). A scope
+    name that comes back after another scope starts a new layer named `name.1`, `name.2`, …
+    """
+    segments: list[tuple[str, int, int]] = []
+    current: str | None = None
+    seen: dict[str, int] = {}
+    for i, eqn in enumerate(eqns):
+        scope = top_scope(eqn)
+        if scope is None or scope == current:
+            continue
+        current = scope
+        start = i if segments else 0
+        if segments:
+            name, lo, _ = segments[-1]
+            segments[-1] = (name, lo, i)
+        count = seen.get(scope, 0)
+        seen[scope] = count + 1
+        segments.append((scope if count == 0 else f"{scope}.{count}", start, len(eqns)))
+    if not segments:
+        return [("layer0", 0, len(eqns))]
+    return segments

@@ -1,0 +1,245 @@
+"""Trace a JAX loss into a `ModelSpec`: layers by named scope or by clustering, exported."""
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core
+
+from client.cluster import cluster_segments, cut_bytes
+from client.export import export_layer, layer_text, slice_jaxpr
+from client.fingerprint import fingerprint
+from client.flops import eqn_flops
+from client.layers import clean_name, scope_segments
+from schemas import DTYPE_BYTES, LayerSpec, ModelSpec, ParamSpec, VarSpec
+
+log = logging.getLogger(__name__)
+
+LogicalAxes = Mapping[str, tuple[str | None, ...] | None]
+
+
+def path_name(path: tuple[Any, ...]) -> str:
+    """A pytree key path as 'a/b/3/c'."""
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return clean_name("/".join(parts), "param")
+
+
+def _dtype_name(aval: Any) -> str:
+    return np.dtype(aval.dtype).name
+
+
+@dataclass
+class _Var:
+    """Where a top-level jaxpr var comes from and what it is called in the spec."""
+
+    kind: str  # "param", "input", "const" or "act"
+    name: str = ""
+    index: int = 0  # param index, const index, or producing segment
+    uses: set[int] = field(default_factory=set)  # segments that read it
+
+
+def _dce(eqns: list[Any], outvars: list[Any]) -> list[Any]:
+    """Drop equations whose results never reach the outputs (and have no effects)."""
+    needed = {v for v in outvars if isinstance(v, core.Var)}
+    kept = []
+    for eqn in reversed(eqns):
+        if eqn.effects or any(v in needed for v in eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, core.Var))
+    return kept[::-1]
+
+
+def _spec(v: Any, name: str) -> VarSpec:
+    return VarSpec(name=name, shape=tuple(v.aval.shape), dtype=_dtype_name(v.aval))
+
+
+def trace(
+    loss_fn: Callable[[Any, Any], Any],
+    params: Any,
+    batch: Mapping[str, Any],
+    layers: int | None = None,
+    name: str = "model",
+    logical_axes: LogicalAxes | None = None,
+) -> ModelSpec:
+    """Trace `loss_fn(params, batch) -> scalar` into a `ModelSpec`.
+
+    `params` is a pytree of arrays or `jax.ShapeDtypeStruct`s (names come from its key paths);
+    `batch` a dict of named arrays at the micro-batch size. With `layers=None` each top-level
+    `jax.named_scope` (see `client.layer`) is a layer; with an int the equations are clustered
+    into that many layers by FLOPs. `logical_axes` maps parameter names to axis names.
+    """
+    if not isinstance(batch, Mapping) or not batch:
+        raise ValueError("batch must be a non-empty dict of named arrays")
+    leaves_with_paths, _ = jax.tree_util.tree_flatten_with_path(params)
+    param_names = [path_name(p) for p, _ in leaves_with_paths]
+    batch_names = sorted(batch)
+    for key in batch_names:
+        if clean_name(str(key), "") != key:
+            raise ValueError(f"batch key {key!r} is not a valid name (letters, digits, _.:/-[])")
+    axes = dict(logical_axes or {})
+    unknown = sorted(set(axes) - set(param_names))
+    if unknown:
+        raise ValueError(f"logical_axes names unknown parameters: {unknown}")
+
+    closed = jax.make_jaxpr(loss_fn)(params, dict(batch))
+    jaxpr = closed.jaxpr
+    if len(jaxpr.outvars) != 1 or jaxpr.outvars[0].aval.shape != ():
+        raise ValueError(f"loss_fn must return one scalar, got {jaxpr.outvars}")
+    loss_var = jaxpr.outvars[0]
+    eqns = _dce(list(jaxpr.eqns), [loss_var])
+    if not isinstance(loss_var, core.Var) or not any(loss_var in e.outvars for e in eqns):
+        raise ValueError("the loss must be computed from params and batch, not a constant")
+
+    info: dict[Any, _Var] = {}
+    for i, v in enumerate(jaxpr.invars[: len(param_names)]):
+        info[v] = _Var("param", param_names[i], i)
+    for v, key in zip(jaxpr.invars[len(param_names) :], batch_names, strict=True):
+        info[v] = _Var("input", key)
+    for i, v in enumerate(jaxpr.constvars):
+        info[v] = _Var("const", f"const{i}", i)
+
+    def can_cross(v: Any) -> bool:
+        return _dtype_name(v.aval) in DTYPE_BYTES and all(d >= 1 for d in v.aval.shape)
+
+    flops = [eqn_flops(e) for e in eqns]
+    if layers is None:
+        segments = scope_segments(eqns)
+    else:
+        segments = cluster_segments(flops, cut_bytes(eqns, [loss_var], can_cross), int(layers))
+    seg_names = [clean_name(n, f"layer{k}") for k, (n, _, _) in enumerate(segments)]
+
+    for s, (_, lo, hi) in enumerate(segments):
+        for eqn in eqns[lo:hi]:
+            for v in eqn.invars:
+                if isinstance(v, core.Var):
+                    info[v].uses.add(s)
+            for v in eqn.outvars:
+                if not isinstance(v, core.DropVar):
+                    info[v] = _Var("act", index=s)
+    info[loss_var].uses.add(len(segments))
+
+    taken = set(param_names) | set(batch_names)
+    layer_specs: list[LayerSpec] = []
+    programs: dict[str, str] = {}
+    for s, (_, lo, hi) in enumerate(segments):
+        layer_specs.append(
+            _build_layer(
+                s,
+                seg_names[s],
+                eqns[lo:hi],
+                info,
+                closed.consts,
+                loss_var,
+                taken,
+                axes,
+                sum(flops[lo:hi]),
+                programs,
+            )
+        )
+    inputs = [_spec(v, info[v].name) for v in jaxpr.invars[len(param_names) :]]
+    return ModelSpec(
+        name=clean_name(name, "model"),
+        inputs=inputs,
+        layers=layer_specs,
+        loss=info[loss_var].name,
+        jax_version=jax.__version__,
+    )
+
+
+def _build_layer(
+    s: int,
+    layer_name: str,
+    eqns: list[Any],
+    info: dict[Any, _Var],
+    consts: list[Any],
+    loss_var: Any,
+    taken: set[str],
+    axes: Mapping[str, tuple[str | None, ...] | None],
+    flops: float,
+    programs: dict[str, str],
+) -> LayerSpec:
+    """One `LayerSpec` from a slice of equations; names its outputs and exports its program."""
+    param_vars, const_vars, input_vars, output_vars = [], [], [], []
+    seen: set[Any] = set()
+    for eqn in eqns:
+        for v in eqn.invars:
+            if not isinstance(v, core.Var) or v in seen:
+                continue
+            seen.add(v)
+            kind = info[v]
+            if kind.kind == "param":
+                param_vars.append(v)
+            elif kind.kind == "const":
+                const_vars.append(v)
+            elif kind.kind == "input" or kind.index != s:
+                input_vars.append(v)
+        for v in eqn.outvars:
+            if isinstance(v, core.DropVar) or not any(u > s for u in info[v].uses):
+                continue
+            if v is loss_var:
+                info[v].name = _fresh("loss", taken)
+            else:
+                info[v].name = _fresh(f"{layer_name}:{len(output_vars)}", taken)
+            output_vars.append(v)
+    param_vars.sort(key=lambda v: info[v].index)
+    for v in input_vars + output_vars:
+        if _dtype_name(v.aval) not in DTYPE_BYTES or not all(d >= 1 for d in v.aval.shape):
+            raise ValueError(
+                f"layer {layer_name!r}: var {info[v].name or v} of type {v.aval.str_short()} "
+                f"crosses a layer boundary; only non-empty arrays of {sorted(DTYPE_BYTES)} can"
+            )
+    if not output_vars:
+        raise ValueError(f"layer {layer_name!r} computes nothing used later; merge it")
+
+    closed = slice_jaxpr(
+        eqns,
+        const_vars,
+        [consts[info[v].index] for v in const_vars],
+        param_vars + input_vars,
+        output_vars,
+    )
+    params = [
+        ParamSpec(
+            name=info[v].name,
+            shape=tuple(v.aval.shape),
+            dtype=_dtype_name(v.aval),
+            logical_axes=axes.get(info[v].name),
+        )
+        for v in param_vars
+    ]
+    inputs = [_spec(v, info[v].name) for v in input_vars]
+    outputs = [_spec(v, info[v].name) for v in output_vars]
+    text = layer_text(closed)
+    fp = fingerprint(text, params, inputs, outputs)
+    if fp not in programs:
+        programs[fp] = export_layer(closed)
+    else:
+        log.debug("layer %s reuses the program of an identical layer", layer_name)
+    return LayerSpec(
+        name=layer_name,
+        inputs=inputs,
+        outputs=outputs,
+        params=params,
+        program=programs[fp],
+        jaxpr=text,
+        flops=flops,
+        fingerprint=fp,
+    )
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    candidate, k = name, 1
+    while candidate in taken:
+        candidate, k = f"{name}.{k}", k + 1
+    taken.add(candidate)
+    return candidate

@@ -1,0 +1,1 @@
+"""jax + ray: build stage programs from layers, shard, compile, time and measure them."""
