@@ -7,7 +7,11 @@ import sys
 from collections.abc import Sequence
 
 # Each module defines `register(subparsers)`; it sets `func(args) -> int` on its parser.
-COMMAND_MODULES: tuple[str, ...] = ("client.commands.db",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "client.commands.db",
+    "client.commands.plan",
+    "client.commands.worker",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

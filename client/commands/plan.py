@@ -1,0 +1,169 @@
+"""`stageprof plan`: profile every stage candidate of a model and print the pipeline plan.
+
+Embedded by default (a SQLite file, a local Ray, JAX on virtual CPU devices); with
+`--server URL` the same job runs on a stageprof server and its workers.
+"""
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from client.commands.worker import add_runner_arguments, runner_config
+from client.commands.zoo_args import add_model_arguments, load_model, parse_overrides
+from schemas import ClusterSpec, PlanOptions
+
+GIB = 2**30
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("plan", help="profile a model's stage candidates and plan it")
+    add_model_arguments(parser, default_zoo="gpt")
+    parser.add_argument("--hosts", type=int, default=1, help="hosts in the cluster")
+    parser.add_argument("--devices-per-host", type=int, default=4, help="devices per host")
+    parser.add_argument("--device-kind", default="cpu", help="device kind of the cluster")
+    parser.add_argument(
+        "--device-memory-gib", type=float, default=16.0, help="memory of one device, GiB"
+    )
+    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches (B)")
+    parser.add_argument("--global-batch", type=int, help="global batch (checked against B)")
+    parser.add_argument(
+        "--submesh-space",
+        default="power_of_two",
+        choices=["power_of_two", "small_power_of_two", "all"],
+    )
+    parser.add_argument(
+        "--config-space",
+        default="all",
+        choices=["all", "single_node_model_parallel", "data_parallel_only"],
+    )
+    parser.add_argument(
+        "--strategies", default="data,megatron,fsdp", help="comma-separated strategies"
+    )
+    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per module")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate")
+    parser.add_argument(
+        "--communication", action="store_true", help="add inter-stage transfer time"
+    )
+    parser.add_argument("--server", help="run the job on a stageprof server at this URL")
+    parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
+    parser.add_argument("--database-url", help="store URL (default STAGEPROF_DATABASE_URL)")
+    parser.add_argument("--report", help="write an HTML report (heatmap, Gantt) to this file")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    add_runner_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
+    cluster = ClusterSpec(
+        num_hosts=args.hosts,
+        devices_per_host=args.devices_per_host,
+        device_kind=args.device_kind,
+        device_memory_bytes=int(args.device_memory_gib * GIB),
+    )
+    options = PlanOptions(
+        num_microbatches=args.micro_batches,
+        global_batch_size=args.global_batch,
+        submesh_space=args.submesh_space,
+        config_space=args.config_space,
+        strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
+        optimizer=args.optimizer,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        candidate_timeout_s=args.timeout,
+        include_communication=args.communication,
+    )
+    return cluster, options
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    try:
+        cluster, options = _request_parts(args)
+        if args.model is None:
+            parse_overrides(args.overrides)
+    except (ValidationError, ValueError) as err:
+        print(f"stageprof plan: {_one_line(err)}", file=sys.stderr)
+        return 2
+    if args.server:
+        from client.commands.plan_remote import run_remote
+
+        return run_remote(args, cluster, options)
+    return _run_local(args, cluster, options)
+
+
+def _one_line(err: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return f"{loc}: {first['msg']}"
+    return str(err)
+
+
+def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
+    from rich.console import Console
+
+    from client.commands.plan_output import print_plan, progress_bar, write_report
+    from migrations import upgrade
+    from store import (
+        create_job,
+        database_url,
+        make_engine,
+        make_sessionmaker,
+        put_model,
+        session_scope,
+    )
+    from workers.ray_env import connect_ray
+    from workers.runner import JobRunner
+
+    console = Console(stderr=args.json)
+    started = time.monotonic()
+    try:
+        spec = load_model(args)
+        options.check_micro_batch(spec.micro_batch_size)
+    except (ValueError, OSError) as err:
+        print(f"stageprof plan: {_one_line(err)}", file=sys.stderr)
+        return 2
+    url = args.database_url or database_url()
+    if url.startswith("sqlite"):
+        upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with session_scope(sessions) as s:
+        model, _ = put_model(s, spec=spec)
+        job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
+    console.print(
+        f"[bold]stageprof[/] planning [cyan]{spec.name}[/] ({spec.num_layers} layers) on "
+        f"{cluster.num_hosts}x{cluster.devices_per_host} {cluster.device_kind}; job {job_id}"
+    )
+    connect_ray()
+    with progress_bar(console) as on_progress:
+        runner = JobRunner(sessions, runner_config(args), on_progress=on_progress)
+        outcome = runner.run_next(job_id)
+    assert outcome is not None, "the job just created could not be claimed"
+    stats = outcome.stats.as_dict()
+    stats["wall_seconds"] = round(time.monotonic() - started, 3)
+    if outcome.plan is None:
+        console.print(f"[red]job {job_id} {outcome.status.value}:[/] {outcome.error}")
+        if args.json:
+            _print_json({"job_id": job_id, "plan": None, "stats": stats, "error": outcome.error})
+        return 1
+    print_plan(console, spec, outcome.plan, stats)
+    if args.report:
+        write_report(args.report, sessions, job_id)
+        console.print(f"report written to [bold]{args.report}[/]")
+    if args.json:
+        _print_json(
+            {"job_id": job_id, "plan": outcome.plan.model_dump(mode="json"), "stats": stats}
+        )
+    return 0
+
+
+def _print_json(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()

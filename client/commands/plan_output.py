@@ -1,0 +1,107 @@
+"""What `stageprof plan` shows: a live progress bar, the plan beside its baselines, a report."""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from schemas import ModelSpec, Plan
+
+MIB = 2**20
+
+
+@contextmanager
+def progress_bar(console: Console) -> Iterator[Callable[[Any, Any], None]]:
+    """A rich progress bar over candidates: done (reused, failed) and ETA."""
+    progress = Progress(
+        TextColumn("[bold]profiling"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("reused {task.fields[reused]}  failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+    task = progress.add_task("profiling", total=None, reused=0, failed=0)
+
+    def update(job: Any, _stats: Any) -> None:
+        if job is None:
+            return
+        progress.update(
+            task, total=job.total, completed=job.done, reused=job.cached, failed=job.failed
+        )
+
+    with progress:
+        yield update
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, Any]) -> None:
+    """The stages table, the predicted time beside each baseline, and what it cost."""
+    table = Table(title=f"pipeline plan for {spec.name}", title_justify="left")
+    for col in ("stage", "layers", "submesh", "logical mesh", "strategy"):
+        table.add_column(col)
+    for col in ("fwd ms", "bwd ms", "peak MiB", "params MiB", "max succ"):
+        table.add_column(col, justify="right")
+    for i, st in enumerate(plan.stages):
+        names = st.layer_names
+        layers = f"{st.start}-{st.end}" + (f" ({names[0]}..{names[-1]})" if names else "")
+        table.add_row(
+            str(i),
+            layers,
+            str(st.submesh),
+            "x".join(map(str, st.config.logical_mesh)),
+            st.config.strategy,
+            _ms(st.forward_cost),
+            _ms(st.backward_cost),
+            f"{st.peak_memory / MIB:.1f}",
+            f"{st.initial_var_size / MIB:.1f}",
+            str(st.max_n_succ_stages),
+        )
+    console.print(table)
+
+    compare = Table(title="predicted iteration time", title_justify="left")
+    compare.add_column("plan")
+    compare.add_column("iteration ms", justify="right")
+    compare.add_column("vs stageprof", justify="right")
+    compare.add_column("note")
+    ours = plan.predicted_iteration_time_s
+    compare.add_row("stageprof DP", _ms(ours), "1.00x", f"bubble {plan.bubble_fraction:.0%}")
+    for base in plan.baselines:
+        if base.iteration_time_s is None:
+            compare.add_row(base.name, "-", "-", base.reason or "infeasible")
+        else:
+            ratio = base.iteration_time_s / ours if ours > 0 else float("nan")
+            compare.add_row(base.name, _ms(base.iteration_time_s), f"{ratio:.2f}x", "")
+    console.print(compare)
+    console.print(
+        f"{stats['candidates']} candidates, {stats['distinct_stages']} distinct stages: "
+        f"{stats['measured']} measured, {stats['reused']} reused, {stats['failed']} failed; "
+        f"DP {plan.dp_wall_seconds * 1e3:.1f} ms; total {stats['wall_seconds']:.1f} s"
+    )
+
+
+def write_report(path: str, sessions: Any, job_id: str) -> None:
+    """A standalone HTML page with the job's plan, heatmap and Gantt chart."""
+    from server.report import render_job_report
+    from store import session_scope
+
+    with session_scope(sessions) as s:
+        html = render_job_report(s, job_id=job_id)
+    Path(path).write_text(html, encoding="utf-8")

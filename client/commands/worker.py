@@ -1,0 +1,94 @@
+"""`stageprof worker`: a long-running runner that claims jobs from the store and runs them."""
+
+import argparse
+import logging
+import os
+import signal
+import threading
+
+logger = logging.getLogger(__name__)
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags that size the Ray pool; each defaults to its environment variable."""
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=_env_int("STAGEPROF_WORKERS"),
+        help="measuring actors (env STAGEPROF_WORKERS; default: min(2, CPUs))",
+    )
+    parser.add_argument(
+        "--devices-per-worker",
+        type=int,
+        default=_env_int("STAGEPROF_DEVICES_PER_WORKER"),
+        help="devices each actor owns (env STAGEPROF_DEVICES_PER_WORKER; default: the "
+        "largest submesh)",
+    )
+    parser.add_argument(
+        "--gpus",
+        action="store_true",
+        default=os.environ.get("STAGEPROF_USE_GPUS", "") == "1",
+        help="give actors GPUs through Ray num_gpus (env STAGEPROF_USE_GPUS=1)",
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=float(os.environ.get("STAGEPROF_LEASE_SECONDS", "30")),
+        help="job lease; another runner takes a job over after it expires",
+    )
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else None
+
+
+def runner_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from workers.runner import RunnerConfig
+
+    return RunnerConfig(
+        num_workers=args.workers,
+        devices_per_worker=args.devices_per_worker,
+        use_gpus=args.gpus,
+        lease_seconds=args.lease_seconds,
+        heartbeat_seconds=max(0.5, args.lease_seconds / 6),
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("worker", help="claim jobs from the store and run them on Ray")
+    add_runner_arguments(parser)
+    parser.add_argument("--database-url", help="store URL (default STAGEPROF_DATABASE_URL)")
+    parser.add_argument("--once", action="store_true", help="run at most one job, then exit")
+    parser.add_argument(
+        "--idle-sleep", type=float, default=2.0, help="seconds between polls when idle"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from client import zoo
+    from migrations import upgrade
+    from store import database_url, make_engine, make_sessionmaker
+    from workers.ray_env import connect_ray
+    from workers.runner import JobRunner
+
+    logging.getLogger().setLevel(logging.INFO)
+    url = args.database_url or database_url()
+    if url.startswith("sqlite"):
+        upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    connect_ray()
+    runner = JobRunner(
+        sessions, runner_config(args), build_zoo=lambda name, cfg: zoo.build(name, **cfg)
+    )
+    logger.info("worker %s waiting for jobs", runner.config.owner)
+    if args.once:
+        outcome = runner.run_next()
+        print(f"job {outcome.job_id}: {outcome.status.value}" if outcome else "no job queued")
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    runner.run_forever(stop, idle_sleep_s=args.idle_sleep)
+    return 0
