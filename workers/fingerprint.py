@@ -1,0 +1,101 @@
+"""Stage fingerprints: equal fingerprint, same measurement (DESIGN.md "The model on the wire")."""
+
+import hashlib
+import json
+from typing import Any
+
+from schemas import LayerSpec, ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
+
+# PlanOptions fields that change a measurement (the rest only steer planning or limits).
+MEASUREMENT_OPTIONS: tuple[str, ...] = ("optimizer", "repeats", "warmup")
+
+
+def stage_io(spec: ModelSpec, start: int, end: int) -> tuple[list[VarSpec], list[VarSpec]]:
+    """The stage's inputs (read from outside start..end, in order of first use) and outputs
+    (produced in start..end and used after `end`, or the loss of the last layer)."""
+    produced: dict[str, VarSpec] = {}
+    inputs: dict[str, VarSpec] = {}
+    for layer in spec.layers[start : end + 1]:
+        for v in layer.inputs:
+            if v.name not in produced and v.name not in inputs:
+                inputs[v.name] = v
+        for v in layer.outputs:
+            produced[v.name] = v
+    used_after = {v.name for layer in spec.layers[end + 1 :] for v in layer.inputs}
+    if end == spec.num_layers - 1:
+        used_after.add(spec.loss)
+    outputs = [v for name, v in produced.items() if name in used_after]
+    return list(inputs.values()), outputs
+
+
+def _layer_hash(layer: LayerSpec) -> str:
+    if layer.fingerprint:
+        return layer.fingerprint
+    return hashlib.sha256((layer.jaxpr or layer.program).encode()).hexdigest()
+
+
+def _shape(v: VarSpec) -> list[Any]:
+    return [list(v.shape), v.dtype]
+
+
+def stage_fingerprint_doc(
+    spec: ModelSpec,
+    start: int,
+    end: int,
+    submesh: SubmeshShape,
+    config: ShardingConfig,
+    device_kind: str,
+    jax_version: str,
+    options: PlanOptions,
+) -> dict[str, Any]:
+    """The canonical document hashed by `stage_fingerprint` (var names replaced by their
+    order of first appearance in the stage, so identical blocks anywhere hash the same)."""
+    canon: dict[str, str] = {}
+
+    def name(n: str) -> str:
+        return canon.setdefault(n, f"v{len(canon)}")
+
+    layers = []
+    for layer in spec.layers[start : end + 1]:
+        layers.append(
+            {
+                "fingerprint": _layer_hash(layer),
+                "inputs": [name(v.name) for v in layer.inputs],
+                "outputs": [name(v.name) for v in layer.outputs],
+                "params": [_shape(p) + [p.logical_axes] for p in layer.params],
+            }
+        )
+    inputs, outputs = stage_io(spec, start, end)
+    return {
+        "layers": layers,
+        "inputs": [[name(v.name)] + _shape(v) for v in inputs],
+        "outputs": [[name(v.name)] + _shape(v) for v in outputs],
+        "submesh": list(submesh.as_tuple()),
+        "config": {
+            "logical_mesh": list(config.logical_mesh),
+            "strategy": config.strategy,
+            "options": config.options,
+        },
+        "device_kind": device_kind,
+        "jax_version": jax_version,
+        "profile": {k: getattr(options, k) for k in MEASUREMENT_OPTIONS},
+    }
+
+
+def stage_fingerprint(
+    spec: ModelSpec,
+    start: int,
+    end: int,
+    submesh: SubmeshShape,
+    config: ShardingConfig,
+    device_kind: str,
+    jax_version: str,
+    options: PlanOptions,
+) -> str:
+    """sha256 (hex) of the stage's canonical JSON: layer fingerprints and wiring, stage
+    input/output shapes, submesh, config, device kind, jax version, measurement options."""
+    doc = stage_fingerprint_doc(
+        spec, start, end, submesh, config, device_kind, jax_version, options
+    )
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()

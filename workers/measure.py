@@ -1,0 +1,316 @@
+"""Measure one stage candidate: compose, shard, compile, time, account memory.
+
+Every failure of the candidate (out of memory, compile error, runtime error, timeout) comes
+back as a `StageProfileResult` with that status and the error text, never as an exception.
+"""
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from schemas import (
+    ClusterSpec,
+    ModelSpec,
+    ModuleProfileResult,
+    PlanOptions,
+    ProfileStatus,
+    ShardingConfig,
+    StageKey,
+    StageProfileResult,
+    SubmeshShape,
+    max_n_succ_stages,
+)
+from workers.fingerprint import stage_fingerprint
+from workers.hlo_stats import collective_bytes
+from workers.memory import estimate_initial_bytes, module_memory
+from workers.sharding import make_mesh, stage_shardings
+from workers.stage_modules import CompiledModule, StageModules
+from workers.timing import CandidateTimeout, Deadline, median, random_array, time_runs
+
+logger = logging.getLogger(__name__)
+
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+
+
+class CandidateFailure(Exception):
+    """A candidate failed with `status`; the message is the error text."""
+
+    def __init__(self, status: ProfileStatus, message: str, estimate_bytes: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.estimate_bytes = estimate_bytes
+
+
+def _failure(err: Exception, default: ProfileStatus, phase: str) -> CandidateFailure:
+    text = f"{phase}: {type(err).__name__}: {err}"
+    status = ProfileStatus.oom if any(m in str(err) for m in OOM_MARKERS) else default
+    return CandidateFailure(status, text)
+
+
+@dataclass
+class _Measured:
+    """What the phases found so far (the result is built from it, whatever the status)."""
+
+    modules: dict[str, CompiledModule] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    initial_var_size: int = 0
+    intermediate_size: int = 0
+    input_shardings: dict[str, str] = field(default_factory=dict)
+
+
+def _available_memory(devices: Sequence[jax.Device], cluster: ClusterSpec) -> int:
+    """The cluster's device memory, or the device's own limit where it reports a lower one."""
+    available = cluster.device_memory_bytes
+    for d in devices[:1]:
+        try:
+            stats = d.memory_stats() or {}
+        except Exception:  # backends without memory stats
+            stats = {}
+        limit = int(stats.get("bytes_limit", 0) or 0)
+        if 0 < limit < available:
+            available = limit
+    return available
+
+
+def _module_result(m: CompiledModule, samples: list[float], available: int) -> ModuleProfileResult:
+    mem = module_memory(m.compiled)
+    costs = m.compiled.cost_analysis() or {}
+    if isinstance(costs, list):  # older jax returned one dict per device program
+        costs = costs[0] if costs else {}
+    return ModuleProfileResult(
+        module=m.kind,
+        compute_cost=median(samples),
+        peak_memory=mem.peak,
+        temp_buffer_size=mem.temp,
+        invar_names=m.invar_names,
+        outvar_names=m.outvar_names,
+        invar_sizes=m.invar_sizes,
+        outvar_sizes=m.outvar_sizes,
+        donated_invars=m.donated_invars,
+        acc_grad_invars_indices=m.acc_grad_invars_indices,
+        acc_grad_outvars_indices=m.acc_grad_outvars_indices,
+        available_memory=available,
+        compute_cost_samples_s=tuple(samples),
+        compile_seconds=m.compile_seconds,
+        flops=max(0.0, float(costs.get("flops", 0.0))),
+        bytes_accessed=max(0.0, float(costs.get("bytes accessed", 0.0))),
+        collective_bytes=collective_bytes(m.compiled.as_text() or ""),
+    )
+
+
+def _compile(
+    modules: StageModules, measured: _Measured, deadline: Deadline, available: int
+) -> None:
+    """Compile the three modules, then predict OOM from their memory analysis."""
+    for kind, build in (
+        ("forward", modules.compile_forward),
+        ("backward", modules.compile_backward),
+        ("apply_grad", modules.compile_apply_grad),
+    ):
+        with _failing_as(ProfileStatus.compile_error, f"compiling {kind}"):
+            measured.modules[kind] = build()
+        deadline.check(f"compile {kind}")
+    fwd, apply = measured.modules["forward"], measured.modules["apply_grad"]
+    n_args = len(apply.outvar_names)  # parameters + optimizer state
+    measured.initial_var_size = sum(apply.outvar_sizes[:n_args])
+    first = len(modules.diff_out)
+    residuals = fwd.outvar_sizes[first : first + modules.num_residuals]
+    measured.intermediate_size = sum(residuals)
+    peak = max(module_memory(measured.modules[k].compiled).peak for k in ("forward", "backward"))
+    if peak + measured.initial_var_size > available:
+        raise CandidateFailure(
+            ProfileStatus.oom,
+            f"predicted out of memory: peak {peak} B + parameters and optimizer state "
+            f"{measured.initial_var_size} B exceed the {available} B available per device",
+        )
+
+
+@contextmanager
+def _failing_as(status: ProfileStatus, phase: str) -> Iterator[None]:
+    """Turn any exception in the block into a `CandidateFailure` (OOM text gives oom)."""
+    try:
+        yield
+    except (CandidateTimeout, CandidateFailure):
+        raise
+    except Exception as err:
+        raise _failure(err, status, phase) from err
+
+
+def _run_forward_backward(
+    modules: StageModules,
+    measured: _Measured,
+    options: PlanOptions,
+    deadline: Deadline,
+    params: list[jax.Array],
+) -> list[jax.Array]:
+    """Time forward then backward (on the last forward's VJP); returns parameter grads."""
+    with _failing_as(ProfileStatus.runtime_error, "allocating inputs"):
+        inputs = [random_array(s, 1000 + i) for i, s in enumerate(modules.input_structs)]
+    fwd = measured.modules["forward"].compiled
+    with _failing_as(ProfileStatus.runtime_error, "running forward"):
+        measured.samples["forward"], (outs, vjp, _) = time_runs(
+            lambda: fwd(params, inputs), options.warmup, options.repeats, deadline, "forward"
+        )
+        cot = tuple(jax.numpy.ones_like(o) for o in outs)
+    bwd = measured.modules["backward"].compiled
+    with _failing_as(ProfileStatus.runtime_error, "running backward"):
+        measured.samples["backward"], (grads, _) = time_runs(
+            lambda: bwd(vjp, cot), options.warmup, options.repeats, deadline, "backward"
+        )
+    return grads
+
+
+def _run(
+    modules: StageModules, measured: _Measured, options: PlanOptions, deadline: Deadline
+) -> None:
+    """Allocate the stage's arrays and time forward, backward and apply_grad."""
+    with _failing_as(ProfileStatus.runtime_error, "allocating parameters"):
+        params = [random_array(s, i) for i, s in enumerate(modules.param_structs)]
+    grads = _run_forward_backward(modules, measured, options, deadline, params)
+    apply = measured.modules["apply_grad"].compiled
+    with _failing_as(ProfileStatus.runtime_error, "running apply_grad"):
+        state_shardings = jax.tree_util.tree_map(lambda s: s.sharding, modules.opt_state_structs())
+        opt_init = jax.jit(modules.optimizer.init, out_shardings=state_shardings)
+        state: list[Any] = [params, opt_init(params)]
+        params = []  # apply_grad donates them: only `state` holds them from here
+
+        def apply_once() -> Any:
+            state[:] = apply(state[0], state[1], grads)
+            return state
+
+        measured.samples["apply_grad"], _ = time_runs(
+            apply_once, options.warmup, options.repeats, deadline, "apply_grad"
+        )
+
+
+def measure_stage_on(
+    spec: ModelSpec,
+    start: int,
+    end: int,
+    submesh: SubmeshShape,
+    config: ShardingConfig,
+    cluster: ClusterSpec,
+    options: PlanOptions,
+    devices: Sequence[jax.Device] | None = None,
+    key: StageKey | None = None,
+) -> StageProfileResult:
+    """Measure layers start..end on the first `submesh.num_devices` of `devices` (default
+    `jax.devices()`) under `config`. Candidate failures come back as the result's status."""
+    # Imported here: compose belongs to the models work and loads layer programs.
+    from workers.compose import compose_stage
+
+    deadline = Deadline(options.candidate_timeout_s)
+    all_devices = list(jax.devices() if devices is None else devices)
+    stage_devices = all_devices[: submesh.num_devices]
+    device_kind = stage_devices[0].device_kind if stage_devices else cluster.device_kind
+    available = _available_memory(stage_devices, cluster)
+    measured = _Measured()
+    base = dict(
+        fingerprint=stage_fingerprint(
+            spec, start, end, submesh, config, device_kind, jax.__version__, options
+        ),
+        key=key,
+        submesh=submesh,
+        config=config,
+        num_layers=end - start + 1,
+        available_memory=available,
+        device_kind=device_kind,
+        jax_version=jax.__version__,
+    )
+    try:
+        if not 0 <= start <= end < spec.num_layers:
+            raise CandidateFailure(
+                ProfileStatus.compile_error,
+                f"layers {start}..{end} are outside the model's {spec.num_layers} layers",
+            )
+        if len(stage_devices) < submesh.num_devices:
+            raise CandidateFailure(
+                ProfileStatus.runtime_error,
+                f"submesh {submesh} needs {submesh.num_devices} devices but this process has "
+                f"{len(all_devices)} ({device_kind}); start it with more (XLA_FLAGS="
+                "--xla_force_host_platform_device_count=N on CPU)",
+            )
+        with _failing_as(ProfileStatus.compile_error, "composing the stage"):
+            mesh = make_mesh(stage_devices, config)
+            program = compose_stage(spec, start, end)
+        deadline.check("compose")
+        shardings = stage_shardings(mesh, config, program.params, program.inputs)
+        measured.input_shardings = shardings.describe(program.params, program.inputs)
+        estimate = estimate_initial_bytes(program.params, shardings.params, options.optimizer)
+        if estimate > available:
+            raise CandidateFailure(
+                ProfileStatus.oom,
+                f"parameters and {options.optimizer} state need {estimate} B per device, "
+                f"more than the {available} B available; not compiled",
+                estimate_bytes=estimate,
+            )
+        modules = StageModules(
+            program, shardings, options.optimizer, no_grad={v.name for v in spec.inputs}
+        )
+        _compile(modules, measured, deadline, available)
+        _run(modules, measured, options, deadline)
+    except CandidateTimeout as err:
+        logger.info("candidate %s..%s %s %s: %s", start, end, submesh, config.label(), err)
+        return _result(base, measured, ProfileStatus.timeout, str(err))
+    except CandidateFailure as err:
+        logger.info("candidate %s..%s %s %s: %s", start, end, submesh, config.label(), err)
+        return _result(base, measured, err.status, str(err), err.estimate_bytes)
+    return _result(base, measured, ProfileStatus.ok, None)
+
+
+def _result(
+    base: dict[str, Any],
+    measured: _Measured,
+    status: ProfileStatus,
+    error: str | None,
+    estimate_bytes: int | None = None,
+) -> StageProfileResult:
+    available = base["available_memory"]
+    modules = tuple(
+        _module_result(m, measured.samples.get(kind, []), available)
+        for kind, m in measured.modules.items()
+    )
+    peak = max(
+        (m.peak_memory for m in modules if m.module.value in ("forward", "backward")), default=0
+    )
+    n_succ = -1
+    if status == ProfileStatus.ok:
+        n_succ = max_n_succ_stages(
+            available, peak, measured.initial_var_size, measured.intermediate_size
+        )
+    return StageProfileResult(
+        status=status,
+        error=error,
+        module_profile_results=modules,
+        initial_var_size=measured.initial_var_size,
+        intermediate_size=measured.intermediate_size,
+        max_n_succ_stages=n_succ,
+        input_shardings=measured.input_shardings,
+        flops=sum(m.flops for m in modules if m.module.value in ("forward", "backward")),
+        compile_seconds=sum(m.compile_seconds for m in modules),
+        estimate_bytes=estimate_bytes,
+        **base,
+    )
+
+
+def measure_stage(
+    spec: ModelSpec,
+    key: StageKey,
+    cluster: ClusterSpec,
+    options: PlanOptions,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+) -> StageProfileResult:
+    """Measure candidate `key` of `spec` on `cluster`: its submesh and config are the
+    planner's choices `key.submesh_id` / `key.config_id`. Candidate failures are results;
+    a key outside the planner's choices raises ValueError (a caller bug, not a candidate)."""
+    from planner import enumerate_candidates
+
+    submesh, config = enumerate_candidates(spec, cluster, options).resolve(key)
+    return measure_stage_on(
+        spec, key.start, key.end, submesh, config, cluster, options, devices=devices, key=key
+    )

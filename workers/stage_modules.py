@@ -1,0 +1,280 @@
+"""The three modules of a stage (forward, backward, apply_grad): build, shard and compile.
+
+forward = ``jit(lambda p, x: vjp(stage, p, x))``: it returns the stage outputs and the VJP,
+whose leaves are the parameters and inputs it keeps plus the residuals (stashed activations).
+backward = ``jit(lambda vjp, g: vjp(g))``. apply_grad = the optax update of the parameters.
+Only floating outputs and floating inputs that come from earlier layers are differentiated;
+integer ones (token ids, labels) and the model's batch inputs ride along untouched.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jax
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+from jax.tree_util import FlattenedIndexKey, SequenceKey
+
+from schemas import ModuleKind, ParamSpec, VarSpec
+from workers.memory import per_device_bytes
+from workers.sharding import StageShardings
+
+logger = logging.getLogger(__name__)
+
+FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+LEARNING_RATE = 1e-3
+
+OPTIMIZERS: dict[str, Callable[[], optax.GradientTransformation]] = {
+    "sgd": lambda: optax.sgd(LEARNING_RATE),
+    "adam": lambda: optax.adam(LEARNING_RATE),
+}
+
+
+class StageProgramLike(Protocol):
+    """What `workers.compose.compose_stage` returns (`StageProgram`)."""
+
+    params: list[ParamSpec]
+    inputs: list[VarSpec]
+    outputs: list[VarSpec]
+    fn: Callable[[Sequence[jax.Array], Sequence[jax.Array]], tuple[jax.Array, ...]]
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """One compiled module with its named, per-device-sized arguments and results."""
+
+    kind: ModuleKind
+    compiled: jax.stages.Compiled
+    compile_seconds: float
+    invar_names: tuple[str, ...]
+    outvar_names: tuple[str, ...]
+    invar_sizes: tuple[int, ...]
+    outvar_sizes: tuple[int, ...]
+    donated_invars: tuple[bool, ...]
+    acc_grad_invars_indices: tuple[int, ...] = ()
+    acc_grad_outvars_indices: tuple[int, ...] = ()
+
+
+def _sds(shape: Sequence[int], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def _sizes(structs: Sequence[Any]) -> tuple[int, ...]:
+    return tuple(per_device_bytes(s.shape, s.dtype, s.sharding) for s in structs)
+
+
+def _with_shardings(avals: Any, shardings: Any) -> Any:
+    """`avals` (a pytree of ShapeDtypeStruct) with the matching leaf of `shardings` attached."""
+    leaves, tree = jax.tree_util.tree_flatten(avals)
+    sh = jax.tree_util.tree_leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    if len(sh) != len(leaves):
+        raise ValueError(f"{len(leaves)} results but {len(sh)} output shardings")
+    return jax.tree_util.tree_unflatten(
+        tree, [_sds(a.shape, a.dtype, s) for a, s in zip(leaves, sh, strict=True)]
+    )
+
+
+class StageModules:
+    """Builds and compiles the modules of one stage program under one set of shardings."""
+
+    def __init__(
+        self,
+        program: StageProgramLike,
+        shardings: StageShardings,
+        optimizer: str,
+        no_grad: Collection[str] = (),
+    ):
+        """`no_grad`: input names whose gradient backward does not return (the model's batch
+        inputs). Every input is a VJP argument, so none is ever counted as a residual."""
+        self.program = program
+        self.shardings = shardings
+        self.optimizer = OPTIMIZERS[optimizer]()
+        inputs = list(program.inputs)
+        # inputs whose gradient backward returns: floating activations from earlier layers
+        self.grad_in = [
+            i for i, v in enumerate(inputs) if v.dtype in FLOAT_DTYPES and v.name not in no_grad
+        ]
+        outputs = list(program.outputs)
+        self.diff_out = [i for i, v in enumerate(outputs) if v.dtype in FLOAT_DTYPES]
+        self.other_out = [i for i, v in enumerate(outputs) if v.dtype not in FLOAT_DTYPES]
+        self.param_structs = [
+            _sds(p.shape, p.dtype, s) for p, s in zip(program.params, shardings.params, strict=True)
+        ]
+        self.input_structs = [
+            _sds(v.shape, v.dtype, s) for v, s in zip(inputs, shardings.inputs, strict=True)
+        ]
+        self.forward_out: Any = None  # (float outputs, vjp, other outputs), with shardings
+
+    # ----- the functions that get jitted -------------------------------------------------
+    def _forward(self, params: list, inputs: list) -> Any:
+        def stage(p: list, xs: list) -> tuple[tuple, tuple]:
+            outs = self.program.fn(p, xs)
+            return tuple(outs[i] for i in self.diff_out), tuple(outs[i] for i in self.other_out)
+
+        return jax.vjp(stage, params, inputs, has_aux=True)
+
+    def _backward(self, vjp: Any, cotangents: tuple) -> tuple[list, list]:
+        grad_params, grad_inputs = vjp(cotangents)
+        return grad_params, [grad_inputs[i] for i in self.grad_in]
+
+    def _apply_grad(self, params: list, state: Any, grads: list) -> tuple[list, Any]:
+        updates, state = self.optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    # ----- argument structures -------------------------------------------------------------
+    def opt_state_structs(self) -> Any:
+        """Optimizer state as ShapeDtypeStructs: a leaf shaped like parameter i (reached
+        through index i of a parameter-list-shaped subtree) is sharded like it; the rest
+        (step counts) are replicated."""
+        avals = jax.eval_shape(self.optimizer.init, self.param_structs)
+        replicated = NamedSharding(self.shardings.mesh, PartitionSpec())
+
+        def place(path: tuple, leaf: Any) -> jax.ShapeDtypeStruct:
+            sharding = replicated
+            if (
+                path
+                and isinstance(path[-1], SequenceKey)
+                and path[-1].idx < len(self.param_structs)
+            ):
+                p = self.param_structs[path[-1].idx]
+                if p.shape == leaf.shape:
+                    sharding = p.sharding
+            return _sds(leaf.shape, leaf.dtype, sharding)
+
+        return jax.tree_util.tree_map_with_path(place, avals)
+
+    @property
+    def num_residuals(self) -> int:
+        """Residual (stashed activation) results of forward, after `compile_forward`."""
+        return len(self._residuals(self.forward_out[1])[0])
+
+    # ----- compile -------------------------------------------------------------------------
+    def compile_forward(self) -> CompiledModule:
+        """Lower and compile forward; remembers its result structure for backward."""
+        t0 = time.perf_counter()
+        lowered = jax.jit(
+            self._forward, in_shardings=(self.shardings.params, self.shardings.inputs)
+        ).lower(self.param_structs, self.input_structs)
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - t0
+        self.forward_out = _with_shardings(lowered.out_info, compiled.output_shardings)
+        outs, vjp, aux = self.forward_out
+        res_names, res_structs = self._residuals(vjp)
+        out_names = [self.program.outputs[i].name for i in self.diff_out]
+        out_names += res_names
+        out_names += [self.program.outputs[i].name for i in self.other_out]
+        in_structs = self.param_structs + self.input_structs
+        return CompiledModule(
+            kind=ModuleKind.forward,
+            compiled=compiled,
+            compile_seconds=seconds,
+            invar_names=tuple(v.name for v in [*self.program.params, *self.program.inputs]),
+            outvar_names=tuple(out_names),
+            invar_sizes=_sizes(in_structs),
+            outvar_sizes=_sizes(list(outs) + res_structs + list(aux)),
+            donated_invars=(False,) * len(in_structs),
+        )
+
+    def _vjp_leaves(self, vjp: Any) -> list[tuple[str, bool]]:
+        """``(name, is_input)`` per VJP leaf: the parameter or input it keeps, else ``res[k]``."""
+        arg_names = [
+            [p.name for p in self.program.params],
+            [v.name for v in self.program.inputs],
+        ]
+        leaves = []
+        k = 0
+        for path, _ in jax.tree_util.tree_flatten_with_path(vjp)[0]:
+            # jax 0.10 flattens a VJP as [args kept, opaque residuals]; args are [params, x].
+            if (
+                len(path) == 3
+                and isinstance(path[0], FlattenedIndexKey)
+                and path[0].key == 0
+                and isinstance(path[1], SequenceKey)
+                and isinstance(path[2], SequenceKey)
+            ):
+                leaves.append((arg_names[path[1].idx][path[2].idx], True))
+            else:
+                leaves.append((f"res[{k}]", False))
+                k += 1
+        if k == len(leaves) and leaves:
+            logger.debug("no VJP leaf recognised as a stage input; all counted as residuals")
+        return leaves
+
+    def _residuals(self, vjp: Any) -> tuple[list[str], list[Any]]:
+        """Names and structs of the VJP leaves that are stashed activations (not inputs)."""
+        pairs = zip(self._vjp_leaves(vjp), jax.tree_util.tree_leaves(vjp), strict=True)
+        kept = [(name, s) for (name, is_input), s in pairs if not is_input]
+        return [n for n, _ in kept], [s for _, s in kept]
+
+    def cotangent_structs(self) -> tuple:
+        """Cotangents of the differentiated outputs, sharded like the outputs."""
+        return tuple(self.forward_out[0])
+
+    def compile_backward(self) -> CompiledModule:
+        """Lower and compile backward (needs `compile_forward` first)."""
+        if self.forward_out is None:
+            raise RuntimeError("compile_forward must run before compile_backward")
+        _, vjp, _ = self.forward_out
+        g = self.cotangent_structs()
+        xg_sh = [self.shardings.inputs[i] for i in self.grad_in]
+        t0 = time.perf_counter()
+        compiled = (
+            jax.jit(self._backward, out_shardings=(self.shardings.params, xg_sh))
+            .lower(vjp, g)
+            .compile()
+        )
+        seconds = time.perf_counter() - t0
+        vjp_names = [name for name, _ in self._vjp_leaves(vjp)]
+        in_names = vjp_names + [f"grad:{self.program.outputs[i].name}" for i in self.diff_out]
+        grad_params = [f"grad:{p.name}" for p in self.program.params]
+        grad_inputs = [f"grad:{self.program.inputs[i].name}" for i in self.grad_in]
+        grad_structs = self.param_structs + [self.input_structs[i] for i in self.grad_in]
+        in_structs = jax.tree_util.tree_leaves(vjp) + list(g)
+        return CompiledModule(
+            kind=ModuleKind.backward,
+            compiled=compiled,
+            compile_seconds=seconds,
+            invar_names=tuple(in_names),
+            outvar_names=tuple(grad_params + grad_inputs),
+            invar_sizes=_sizes(in_structs),
+            outvar_sizes=_sizes(grad_structs),
+            donated_invars=(False,) * len(in_structs),
+            acc_grad_outvars_indices=tuple(range(len(grad_params))),
+        )
+
+    def compile_apply_grad(self) -> CompiledModule:
+        """Lower and compile the optimizer update; parameters and state are donated."""
+        state = self.opt_state_structs()
+        state_leaves, _ = jax.tree_util.tree_flatten_with_path(state)
+        p_sh = self.shardings.params
+        s_sh = jax.tree_util.tree_map(lambda s: s.sharding, state)
+        t0 = time.perf_counter()
+        compiled = (
+            jax.jit(
+                self._apply_grad,
+                in_shardings=(p_sh, s_sh, p_sh),
+                out_shardings=(p_sh, s_sh),
+                donate_argnums=(0, 1),
+            )
+            .lower(self.param_structs, state, self.param_structs)
+            .compile()
+        )
+        seconds = time.perf_counter() - t0
+        names = [p.name for p in self.program.params]
+        state_names = [f"opt_state{jax.tree_util.keystr(path)}" for path, _ in state_leaves]
+        state_structs = [s for _, s in state_leaves]
+        n_p, n_s = len(names), len(state_names)
+        return CompiledModule(
+            kind=ModuleKind.apply_grad,
+            compiled=compiled,
+            compile_seconds=seconds,
+            invar_names=tuple(names + state_names + [f"grad:{n}" for n in names]),
+            outvar_names=tuple(names + state_names),
+            invar_sizes=_sizes(self.param_structs + state_structs + self.param_structs),
+            outvar_sizes=_sizes(self.param_structs + state_structs),
+            donated_invars=(True,) * (n_p + n_s) + (False,) * n_p,
+            acc_grad_invars_indices=tuple(range(n_p + n_s, 2 * n_p + n_s)),
+        )
