@@ -18,6 +18,7 @@ MAX_RANK = 8
 MAX_DIM = 2**31
 MAX_PROGRAM_CHARS = 64 * 2**20
 MAX_VARS_PER_LAYER = 4096
+MAX_MODEL_PROGRAM_CHARS = 512 * 2**20
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/\-\[\]]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
@@ -149,6 +150,13 @@ class ModelSpec(Frozen):
             raise ValueError(f"loss {self.loss!r} is not an output of the last layer")
         return self
 
+    @model_validator(mode="after")
+    def _dataflow(self) -> "ModelSpec":
+        errors = dataflow_errors(self)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
     @property
     def micro_batch_size(self) -> int:
         return self.inputs[0].shape[0] if self.inputs[0].shape else 1
@@ -156,3 +164,68 @@ class ModelSpec(Frozen):
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+
+def _typed(v: VarSpec) -> str:
+    return f"{v.dtype}{list(v.shape)}"
+
+
+def dataflow_errors(spec: ModelSpec) -> list[str]:
+    """Structural problems of a spec's wiring, each naming the layer and field.
+
+    Every layer input is a model input or an output of an earlier layer, with the same shape
+    and dtype; no var is produced twice; parameters shared between layers agree and never
+    reuse a var's name; the loss is a scalar; the programs fit the size limit.
+    """
+    errors: list[str] = []
+    producers: dict[str, tuple[str, VarSpec]] = {
+        v.name: (f"inputs[{j}]", v) for j, v in enumerate(spec.inputs)
+    }
+    params: dict[str, tuple[str, ParamSpec]] = {}
+    for i, layer in enumerate(spec.layers):
+        for j, v in enumerate(layer.inputs):
+            where = f"layers[{i}].inputs[{j}]"
+            if v.name not in producers:
+                errors.append(
+                    f"{where}: {v.name!r} is not produced by any earlier layer or model input"
+                )
+            elif (v.shape, v.dtype) != (producers[v.name][1].shape, producers[v.name][1].dtype):
+                origin, produced = producers[v.name]
+                errors.append(
+                    f"{where}: {v.name!r} is declared {_typed(v)} but {origin} produces "
+                    f"{_typed(produced)}"
+                )
+        for j, p in enumerate(layer.params):
+            where = f"layers[{i}].params[{j}]"
+            if p.name in producers:
+                errors.append(f"{where}: {p.name!r} is also the name of {producers[p.name][0]}")
+            elif p.name in params and params[p.name][1] != p:
+                origin, first = params[p.name]
+                errors.append(
+                    f"{where}: shared parameter {p.name!r} is {_typed(p)} with axes "
+                    f"{p.logical_axes} but {origin} declares {_typed(first)} with axes "
+                    f"{first.logical_axes}"
+                )
+            params.setdefault(p.name, (where, p))
+        for j, v in enumerate(layer.outputs):
+            where = f"layers[{i}].outputs[{j}]"
+            if v.name in producers:
+                errors.append(f"{where}: {v.name!r} is already produced by {producers[v.name][0]}")
+            elif v.name in params:
+                errors.append(f"{where}: {v.name!r} is also the name of {params[v.name][0]}")
+            else:
+                producers[v.name] = (where, v)
+    last = len(spec.layers) - 1
+    for j, v in enumerate(spec.layers[-1].outputs):
+        if v.name == spec.loss and v.shape != ():
+            errors.append(
+                f"layers[{last}].outputs[{j}]: the loss {v.name!r} must be a scalar (shape ()), "
+                f"got shape {v.shape}"
+            )
+    total = sum(len(layer.program) for layer in spec.layers)
+    if total > MAX_MODEL_PROGRAM_CHARS:
+        errors.append(
+            f"layers: the programs total {total} characters, over the limit of "
+            f"{MAX_MODEL_PROGRAM_CHARS}"
+        )
+    return errors

@@ -13,9 +13,9 @@ __all__ = ["Built", "ZooModel", "build", "get", "init_params", "make", "names", 
 
 
 def _registry() -> dict[str, ZooModel]:
-    from client.zoo import gpt, mlp
+    from client.zoo import gpt, mlp, moe, wresnet
 
-    return {m.name: m for m in (mlp.MODEL, gpt.MODEL)}
+    return {m.name: m for m in (mlp.MODEL, gpt.MODEL, moe.MODEL, wresnet.MODEL)}
 
 
 def names() -> list[str]:
