@@ -1,0 +1,138 @@
+"""Submesh and sharding-config choices (Alpa's `get_submesh_choices` and logical shape spaces)."""
+
+import logging
+from collections.abc import Sequence
+
+from schemas import ShardingConfig, StrategyName, SubmeshShape
+
+logger = logging.getLogger(__name__)
+
+SUBMESH_SPACES = ("power_of_two", "small_power_of_two", "all", "manual")
+CONFIG_SPACES = ("all", "single_node_model_parallel", "data_parallel_only")
+DEFAULT_STRATEGIES: tuple[StrategyName, ...] = ("data", "megatron", "fsdp")
+SMALL_POWER_OF_TWO_MAX_HOSTS = 4
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def submesh_choices(
+    num_hosts: int,
+    devices_per_host: int,
+    space: str = "power_of_two",
+    manual: Sequence[tuple[int, int]] | None = None,
+) -> list[tuple[int, int]]:
+    """The submesh shapes `(hosts, devices_per_host)` a stage may get, in Alpa's order.
+
+    Every space starts with the single-host slices `(1, 1), (1, 2), (1, 4) ... (1, M)`; then
+    whole hosts: "power_of_two" `(2, M), (4, M) ...` up to `num_hosts`; "small_power_of_two"
+    the same but at most 4 hosts; "all" `(2, M), (3, M) ... (num_hosts, M)`. "manual" returns
+    `manual`, checked to fit the cluster.
+    """
+    if num_hosts < 1 or devices_per_host < 1:
+        raise ValueError(f"need at least one host and device, got {num_hosts}x{devices_per_host}")
+    if space not in SUBMESH_SPACES:
+        raise ValueError(f"unknown submesh space {space!r}; use one of {SUBMESH_SPACES}")
+    if space == "manual":
+        return _check_manual(num_hosts, devices_per_host, manual)
+    if not _is_power_of_two(devices_per_host):
+        raise ValueError(
+            f"devices_per_host must be a power of two (Alpa's rule), got {devices_per_host}"
+        )
+    choices: list[tuple[int, int]] = []
+    d = 1
+    while d <= devices_per_host:
+        choices.append((1, d))
+        d *= 2
+    if space == "all":
+        hosts: list[int] = list(range(2, num_hosts + 1))
+    else:
+        limit = (
+            num_hosts if space == "power_of_two" else min(num_hosts, SMALL_POWER_OF_TWO_MAX_HOSTS)
+        )
+        hosts = []
+        h = 2
+        while h <= limit:
+            hosts.append(h)
+            h *= 2
+    choices.extend((h, devices_per_host) for h in hosts)
+    return choices
+
+
+def _check_manual(
+    num_hosts: int, devices_per_host: int, manual: Sequence[tuple[int, int]] | None
+) -> list[tuple[int, int]]:
+    if not manual:
+        raise ValueError("the 'manual' submesh space needs a non-empty list of (hosts, devices)")
+    out: list[tuple[int, int]] = []
+    for item in manual:
+        hosts, devices = (int(x) for x in item)
+        if hosts < 1 or devices < 1:
+            raise ValueError(f"manual submesh {item} must have positive sizes")
+        if hosts > num_hosts or devices > devices_per_host:
+            raise ValueError(
+                f"manual submesh {item} does not fit the {num_hosts}x{devices_per_host} cluster"
+            )
+        if hosts > 1 and devices != devices_per_host:
+            raise ValueError(f"manual submesh {item}: a multi-host submesh must use whole hosts")
+        if (hosts, devices) in out:
+            raise ValueError(f"manual submesh {item} is listed twice")
+        out.append((hosts, devices))
+    return out
+
+
+def _as_tuple(submesh: tuple[int, int] | SubmeshShape) -> tuple[int, int]:
+    if isinstance(submesh, SubmeshShape):
+        return submesh.as_tuple()
+    hosts, devices = submesh
+    return int(hosts), int(devices)
+
+
+def logical_meshes(
+    submesh: tuple[int, int] | SubmeshShape, micro_batch_size: int, space: str = "all"
+) -> list[tuple[int, int]]:
+    """Logical meshes `(dp, tp)` of a submesh, `dp` dividing the micro-batch, decreasing `dp`."""
+    if space not in CONFIG_SPACES:
+        raise ValueError(f"unknown config space {space!r}; use one of {CONFIG_SPACES}")
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    hosts, per_host = _as_tuple(submesh)
+    n = hosts * per_host
+    meshes = []
+    for dp in range(n, 0, -1):
+        if n % dp or micro_batch_size % dp:
+            continue
+        tp = n // dp
+        if space == "single_node_model_parallel" and tp > per_host:
+            continue
+        if space == "data_parallel_only" and tp != 1:
+            continue
+        meshes.append((dp, tp))
+    return meshes
+
+
+def config_choices(
+    submesh: tuple[int, int] | SubmeshShape,
+    micro_batch_size: int,
+    space: str = "all",
+    strategies: Sequence[StrategyName] = DEFAULT_STRATEGIES,
+) -> list[ShardingConfig]:
+    """The sharding configs measured on a submesh; their list index is the `config_id`.
+
+    Per logical mesh (see `logical_meshes`), the strategies in the given order, skipping the
+    redundant ones: "megatron" only when tp > 1, "fsdp" only when dp > 1. "data" carries
+    Alpa's option `{"force_batch_dim_to_mesh_dim": 0}`.
+    """
+    if len(set(strategies)) != len(strategies):
+        raise ValueError(f"strategies must be unique, got {list(strategies)}")
+    configs = []
+    for dp, tp in logical_meshes(submesh, micro_batch_size, space):
+        for name in strategies:
+            if name == "megatron" and tp == 1:
+                continue
+            if name == "fsdp" and dp == 1:
+                continue
+            options = {"force_batch_dim_to_mesh_dim": 0} if name == "data" else {}
+            configs.append(ShardingConfig(logical_mesh=(dp, tp), strategy=name, options=options))
+    return configs

@@ -1,0 +1,126 @@
+"""The cost table: measured results laid out as Alpa's `[L, L, S, C]` arrays."""
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.candidates import CandidateSpace
+from planner.comm import transfer_seconds
+from schemas import ClusterSpec, ModelSpec, StageKey, StageProfileResult
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Arrays indexed `[start, end_inclusive, submesh, config]`; inf / -1 where not ok.
+
+    `forward`, `backward`: measured seconds; `comm_forward`, `comm_backward`: transfer
+    seconds per `[start, end, submesh]` (zeros unless communication is included);
+    `max_n_succ_stages`: Alpa's memory rule; `results`: the ok results by key;
+    `statuses`: how measuring each measured key ended ("ok", "oom", ...).
+    """
+
+    forward: NDArray[np.float64]
+    backward: NDArray[np.float64]
+    comm_forward: NDArray[np.float64]
+    comm_backward: NDArray[np.float64]
+    max_n_succ_stages: NDArray[np.int64]
+    results: dict[Key, StageProfileResult]
+    statuses: dict[Key, str]
+    num_missing: int
+
+    @property
+    def failures(self) -> Counter[str]:
+        """How many measured candidates ended in each failure status."""
+        return Counter(s for s in self.statuses.values() if s != "ok")
+
+    @property
+    def compute_cost(self) -> NDArray[np.float64]:
+        """forward + backward (Alpa's stage cost), seconds."""
+        return self.forward + self.backward
+
+    @property
+    def dp_cost(self) -> NDArray[np.float64]:
+        """What the DP minimises over: compute cost plus transfer time."""
+        return self.compute_cost + (self.comm_forward + self.comm_backward)[..., None]
+
+    def stage_seconds(self, key: Key) -> tuple[float, float]:
+        """(forward, backward) of a stage including its transfers, seconds."""
+        a, b, m, c = key
+        return (
+            float(self.forward[key] + self.comm_forward[a, b, m]),
+            float(self.backward[key] + self.comm_backward[a, b, m]),
+        )
+
+    def failure_summary(self) -> str:
+        """e.g. "12 oom, 3 compile_error, 2 not measured"."""
+        parts = [f"{n} {status}" for status, n in sorted(self.failures.items())]
+        if self.num_missing:
+            parts.append(f"{self.num_missing} not measured")
+        return ", ".join(parts) or "none"
+
+
+def _as_key(key: StageKey | tuple[int, ...]) -> Key:
+    if isinstance(key, StageKey):
+        return key.as_tuple()
+    start, end, m, c = (int(x) for x in key)
+    return (start, end, m, c)
+
+
+def build_cost_table(
+    spec: ModelSpec,
+    cluster: ClusterSpec,
+    space: CandidateSpace,
+    results: Mapping[Key, StageProfileResult] | Mapping[StageKey, StageProfileResult],
+    include_communication: bool = False,
+) -> CostTable:
+    """Lay the results out as arrays; a missing or failed candidate is infeasible (inf)."""
+    num_layers, num_submeshes = spec.num_layers, len(space.submeshes)
+    shape = (num_layers, num_layers, num_submeshes, space.max_configs)
+    forward = np.full(shape, np.inf)
+    backward = np.full(shape, np.inf)
+    mns = np.full(shape, -1, dtype=np.int64)
+    ok: dict[Key, StageProfileResult] = {}
+    statuses: dict[Key, str] = {}
+    for raw_key, result in results.items():
+        key = _as_key(raw_key)
+        start, end, m, c = key
+        if not (0 <= start <= end < num_layers) or not (0 <= m < num_submeshes):
+            raise ValueError(f"result key {key} is outside the candidate space")
+        if not 0 <= c < len(space.configs[m]):
+            raise ValueError(f"result key {key} names no config of submesh {m}")
+        fwd, bwd = result.forward_cost, result.backward_cost
+        statuses[key] = str(result.status.value)
+        if not result.ok:
+            continue
+        if not (math.isfinite(fwd) and math.isfinite(bwd)):
+            statuses[key] = "no_timing"
+            logger.warning("result %s is ok but has no forward/backward timing", key)
+            continue
+        forward[key], backward[key], mns[key] = fwd, bwd, result.max_n_succ_stages
+        ok[key] = result
+    measured = {_as_key(k) for k in results}
+    missing = sum(1 for k in space.keys if k.as_tuple() not in measured)
+    comm_shape = shape[:3]
+    if include_communication:
+        comm_forward, comm_backward = transfer_seconds(spec, cluster, space.submeshes)
+    else:
+        comm_forward, comm_backward = np.zeros(comm_shape), np.zeros(comm_shape)
+    return CostTable(
+        forward=forward,
+        backward=backward,
+        comm_forward=comm_forward,
+        comm_backward=comm_backward,
+        max_n_succ_stages=mns,
+        results=ok,
+        statuses=statuses,
+        num_missing=missing,
+    )
