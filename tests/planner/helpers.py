@@ -1,0 +1,91 @@
+"""Small specs and profile results for planner tests."""
+
+from schemas import (
+    ClusterSpec,
+    LayerSpec,
+    ModelSpec,
+    ModuleKind,
+    ModuleProfileResult,
+    ProfileStatus,
+    ShardingConfig,
+    StageProfileResult,
+    SubmeshShape,
+    VarSpec,
+)
+
+MB = 8
+HIDDEN = 16
+
+
+def chain_spec(num_layers: int, flops: list[float] | None = None, skip: bool = False) -> ModelSpec:
+    """x -> h0 -> h1 ... -> loss; with `skip`, the last layer also reads h0."""
+    x = VarSpec(name="x", shape=(MB, HIDDEN), dtype="float32")
+    y = VarSpec(name="y", shape=(MB, HIDDEN), dtype="float32")
+    layers = []
+    for i in range(num_layers):
+        inputs = [x if i == 0 else VarSpec(name=f"h{i - 1}", shape=(MB, HIDDEN), dtype="float32")]
+        if i == num_layers - 1:
+            inputs.append(y)
+            if skip and num_layers > 2:
+                inputs.append(VarSpec(name="h0", shape=(MB, HIDDEN), dtype="float32"))
+            outputs = [VarSpec(name="loss", shape=(), dtype="float32")]
+        else:
+            outputs = [VarSpec(name=f"h{i}", shape=(MB, HIDDEN), dtype="float32")]
+        layers.append(
+            LayerSpec(
+                name=f"layer{i}",
+                inputs=inputs,
+                outputs=outputs,
+                program="",
+                flops=flops[i] if flops else 0.0,
+            )
+        )
+    return ModelSpec(inputs=[x, y], layers=layers, loss="loss")
+
+
+def module(kind: ModuleKind, seconds: float, peak: int = 1000) -> ModuleProfileResult:
+    return ModuleProfileResult(
+        module=kind,
+        compute_cost=seconds,
+        peak_memory=peak,
+        temp_buffer_size=0,
+        invar_names=(),
+        outvar_names=(),
+        invar_sizes=(),
+        outvar_sizes=(),
+        donated_invars=(),
+        available_memory=2**30,
+    )
+
+
+def result(
+    submesh: SubmeshShape,
+    config: ShardingConfig,
+    forward: float,
+    backward: float,
+    max_n_succ_stages: int = 100,
+    status: ProfileStatus = ProfileStatus.ok,
+    num_layers: int = 1,
+) -> StageProfileResult:
+    """A measured (or failed) stage candidate."""
+    ok = status == ProfileStatus.ok
+    modules = (
+        (module(ModuleKind.forward, forward), module(ModuleKind.backward, backward)) if ok else ()
+    )
+    return StageProfileResult(
+        status=status,
+        error=None if ok else "boom",
+        fingerprint=f"fp-{submesh}-{config.label()}-{forward}",
+        submesh=submesh,
+        config=config,
+        num_layers=num_layers,
+        module_profile_results=modules,
+        available_memory=2**30,
+        initial_var_size=10,
+        intermediate_size=20,
+        max_n_succ_stages=max_n_succ_stages if ok else -1,
+    )
+
+
+def cluster(num_hosts: int = 1, devices_per_host: int = 4) -> ClusterSpec:
+    return ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host)
