@@ -45,6 +45,7 @@ class PoolConfig:
     devices_per_worker: int = 4
     use_gpus: bool = False
     cpus_per_worker: float = 1.0
+    kill_grace_s: float = KILL_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class MeasurePool:
         ready, _ = ray.wait([s.ref for s in running], num_returns=1, timeout=timeout_s)
         ready_ids = {r.hex() for r in ready}
         results: list[StageProfileResult] = []
-        limit = self._options.candidate_timeout_s + KILL_GRACE_S
+        limit = self._options.candidate_timeout_s + self.config.kill_grace_s
         now = time.monotonic()
         for slot in running:
             task = slot.task

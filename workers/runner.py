@@ -25,7 +25,7 @@ from schemas import (
     ProfileStatus,
     StageProfileResult,
 )
-from workers.pool import MeasurePool, MeasureTask, PoolConfig, RetryPolicy
+from workers.pool import KILL_GRACE_S, MeasurePool, MeasureTask, PoolConfig, RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class RunnerConfig:
     num_workers: int | None = None
     devices_per_worker: int | None = None
     use_gpus: bool = False
+    kill_grace_s: float = KILL_GRACE_S
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -129,6 +130,11 @@ class JobRunner:
         except JobFailed as why:
             stats.wall_seconds = time.monotonic() - started
             return self._end(job_id, JobStatus.failed, None, str(why), stats)
+        except Exception as err:  # a bug or an infrastructure fault: end the job, say what
+            logger.exception("job %s: unexpected error", job_id)
+            stats.wall_seconds = time.monotonic() - started
+            message = f"internal error: {type(err).__name__}: {err}"
+            return self._end(job_id, JobStatus.failed, None, message, stats)
         finally:
             if self.pool is not None:
                 stats.actors_replaced = self.pool.actors_replaced
@@ -253,7 +259,10 @@ class JobRunner:
         devices = self.config.devices_per_worker or largest
         workers = self.config.num_workers or max(1, min(2, os.cpu_count() or 1))
         return PoolConfig(
-            num_workers=workers, devices_per_worker=devices, use_gpus=self.config.use_gpus
+            num_workers=workers,
+            devices_per_worker=devices,
+            use_gpus=self.config.use_gpus,
+            kill_grace_s=self.config.kill_grace_s,
         )
 
     def _measure(

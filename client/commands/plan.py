@@ -123,7 +123,10 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
     from workers.runner import JobRunner
 
     console = Console(stderr=args.json)
+    if not console.is_terminal:
+        console.width = max(console.width, 120)
     started = time.monotonic()
+    connect_ray()  # before jax is imported: Ray forks its processes
     try:
         spec = load_model(args)
         options.check_micro_batch(spec.micro_batch_size)
@@ -141,7 +144,6 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         f"[bold]stageprof[/] planning [cyan]{spec.name}[/] ({spec.num_layers} layers) on "
         f"{cluster.num_hosts}x{cluster.devices_per_host} {cluster.device_kind}; job {job_id}"
     )
-    connect_ray()
     with progress_bar(console) as on_progress:
         runner = JobRunner(sessions, runner_config(args), on_progress=on_progress)
         outcome = runner.run_next(job_id)
