@@ -1,0 +1,158 @@
+"""Response bodies of the API that are not contracts of their own in `schemas`."""
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import Job, ModelSpec
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ErrorOut(Out):
+    detail: str = Field(description="What went wrong, in one line.")
+
+
+class FieldErrorOut(Out):
+    loc: list[str | int] = Field(description="Path of the offending field, e.g. body.options.")
+    field: str = Field(description="Dotted field path without its 'body'/'query' prefix.")
+    msg: str = Field(description="The rule it breaks.")
+    type: str = Field(description="Error kind (pydantic's error type).")
+
+
+class ValidationErrorOut(Out):
+    detail: list[FieldErrorOut]
+
+
+class LayerInfo(Out):
+    index: int
+    name: str
+    fingerprint: str = Field(description="Layer fingerprint (or a hash of its program).")
+    inputs: list[str]
+    outputs: list[str]
+    num_params: int
+    param_bytes: int
+    flops: float = Field(description="Forward FLOPs per micro-batch.")
+
+
+class ModelCreated(Out):
+    id: str = Field(description="Content hash of the spec; the same spec gets the same id.")
+    name: str
+    num_layers: int
+    created: bool = Field(description="False when an equal spec was already stored.")
+    layer_fingerprints: list[str]
+    url: str
+
+
+class ModelSummary(Out):
+    id: str
+    name: str
+    num_layers: int
+    created_at: datetime
+
+
+class ModelOut(ModelSummary):
+    layers: list[LayerInfo]
+    spec: ModelSpec = Field(
+        description="The stored spec; layer programs are empty unless ?programs=true."
+    )
+
+
+class JobCreated(Out):
+    job_id: str
+    status: str
+    model_id: str | None = Field(None, description="Null for a zoo job until it is built.")
+    url: str = Field(description="The job's API URL.")
+    dashboard_url: str
+
+
+class JobList(Out):
+    items: list[Job]
+    next_before: str | None = Field(None, description="Pass as ?before= for the next page.")
+
+
+class ProfileRowOut(Out):
+    """One stage candidate of a job and its measurement (null fields until recorded)."""
+
+    id: int
+    job_id: str
+    model_id: str | None
+    start: int
+    end: int = Field(description="Last layer, inclusive.")
+    submesh_id: int
+    config_id: int
+    num_devices: int
+    strategy: str
+    status: str | None = Field(description="ok or the failure kind; null while pending.")
+    compute_cost: float | None = Field(description="forward + backward, seconds.")
+    forward_cost: float | None = Field(description="seconds")
+    backward_cost: float | None = Field(description="seconds")
+    peak_memory: int | None = Field(description="bytes per device")
+    initial_var_size: int | None = Field(description="bytes per device")
+    intermediate_size: int | None = Field(description="bytes per device per micro-batch")
+    max_n_succ_stages: int | None
+    submesh_hosts: int | None
+    submesh_devices: int | None
+    mesh_dp: int | None
+    mesh_tp: int | None
+    compile_seconds: float | None
+    reused: bool
+    fingerprint: str
+    profile_id: int | None
+    recorded_at: datetime | None
+    error: str | None
+
+
+class ProfilePageOut(Out):
+    items: list[ProfileRowOut]
+    next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page.")
+    sort: str
+    limit: int
+
+
+class CostMatrixOut(Out):
+    submesh_id: int
+    config_id: int
+    num_devices: int
+    strategy: str
+    submesh: tuple[int, int] | None = Field(description="(hosts, devices_per_host).")
+    logical_mesh: tuple[int, int] | None = Field(description="(dp, tp).")
+    label: str
+    compute_cost: list[list[float | None]] = Field(
+        description="[start][end] forward + backward seconds; null if missing or failed."
+    )
+    status: list[list[str | None]] = Field(description="[start][end] status or null.")
+
+
+class CostMatricesOut(Out):
+    job_id: str
+    num_layers: int
+    layer_names: list[str]
+    matrices: list[CostMatrixOut]
+
+
+class HealthOut(Out):
+    status: str
+    database: str
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for the error codes a route can answer."""
+    text = {
+        400: "Malformed JSON or URL.",
+        401: "A bearer token is needed.",
+        403: "Writes without a token are accepted only from loopback clients.",
+        404: "Unknown id.",
+        409: "Conflicts with the resource's state.",
+        413: "Request body too large.",
+        415: "The body is not JSON.",
+        503: "The database is unavailable.",
+    }
+    out: dict[int | str, dict[str, Any]] = {
+        c: {"model": ErrorOut, "description": text[c]} for c in codes
+    }
+    out[422] = {"model": ValidationErrorOut, "description": "A field breaks a rule."}
+    return out

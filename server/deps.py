@@ -1,0 +1,34 @@
+"""Typed dependencies the routes declare: the request's database session and the settings."""
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from server.settings import Settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session for one request: committed when the route returns, rolled back on error.
+
+    Declared with `scope="function"` so the commit happens before the response is sent: a
+    client that gets `202` can read the job it created at once.
+    """
+    session: Session = request.app.state.sessionmaker()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def get_app_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]

@@ -1,0 +1,126 @@
+"""Jobs: list, read, cancel, their plan and their cost matrices."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
+
+from schemas import Job, JobStatus, Plan
+from server.api_models import CostMatricesOut, CostMatrixOut, JobList, error_responses
+from server.deps import SessionDep
+from server.errors import Conflict, NotFound
+from store import JobRow, ModelRow, get_job, job_plan, job_to_schema, list_jobs, request_cancel
+from store.queries import CostMatrix, cost_matrices, job_num_layers
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_JOBS_PAGE = 200
+
+
+def _job_row(session: Session, job_id: str) -> JobRow:
+    row = get_job(session, job_id=job_id)
+    if row is None:
+        raise NotFound(f"job {job_id!r} not found")
+    return row
+
+
+@router.get("", response_model=JobList, summary="List jobs, newest first")
+def read_jobs(
+    session: SessionDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_JOBS_PAGE)] = 50,
+    before: Annotated[
+        str | None, Query(max_length=64, description="A job id to page after.")
+    ] = None,
+) -> JobList:
+    rows = list_jobs(session, status=status, limit=limit + 1, before=before)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return JobList(
+        items=[job_to_schema(session, r) for r in rows],
+        next_before=rows[-1].id if more and rows else None,
+    )
+
+
+@router.get(
+    "/{job_id}",
+    response_model=Job,
+    responses=error_responses(404),
+    summary="A job: status, progress, timings, error",
+)
+def read_job(job_id: str, session: SessionDep) -> Job:
+    return job_to_schema(session, _job_row(session, job_id))
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=Job,
+    responses=error_responses(401, 403, 404, 409),
+    summary="Cancel a job",
+)
+def cancel_job(job_id: str, session: SessionDep) -> Job:
+    """A queued job is cancelled at once; a running one is flagged and its runner stops it
+    (the answer shows `cancel_requested: true`). Cancelling a finished job is a 409."""
+    row = _job_row(session, job_id)
+    if JobStatus(row.status).finished:
+        raise Conflict(f"job {job_id} is already {row.status}")
+    row = request_cancel(session, job_id=job_id)
+    assert row is not None
+    return job_to_schema(session, row)
+
+
+@router.get(
+    "/{job_id}/plan",
+    response_model=Plan,
+    responses=error_responses(404, 409),
+    summary="The job's plan",
+)
+def read_plan(job_id: str, session: SessionDep) -> Plan:
+    """409 until the job is done (and for a failed or cancelled job, with its error)."""
+    row = _job_row(session, job_id)
+    plan = job_plan(row)
+    if plan is None:
+        why = f": {row.error}" if row.error else ""
+        raise Conflict(f"job {job_id} has no plan (status {row.status}){why}")
+    return plan
+
+
+def _label(m: CostMatrix) -> str:
+    mesh = f"{m.submesh[0]}x{m.submesh[1]}" if m.submesh else f"{m.num_devices} dev"
+    logical = f" {m.logical_mesh[0]}x{m.logical_mesh[1]}" if m.logical_mesh else ""
+    return f"submesh {m.submesh_id} ({mesh}) / config {m.config_id}:{logical} {m.strategy}"
+
+
+@router.get(
+    "/{job_id}/cost-matrix",
+    response_model=CostMatricesOut,
+    responses=error_responses(404),
+    summary="Stage cost by (start, end) for each submesh and config (the heatmap)",
+)
+def read_cost_matrix(job_id: str, session: SessionDep) -> CostMatricesOut:
+    row = _job_row(session, job_id)
+    n = job_num_layers(session, job_id=job_id)
+    names: list[str] = [str(i) for i in range(n)]
+    if row.model_id is not None:
+        model = session.get(ModelRow, row.model_id)
+        if model is not None:
+            names = [layer["name"] for layer in model.spec["layers"]]
+    return CostMatricesOut(
+        job_id=job_id,
+        num_layers=n,
+        layer_names=names,
+        matrices=[
+            CostMatrixOut(
+                submesh_id=m.submesh_id,
+                config_id=m.config_id,
+                num_devices=m.num_devices,
+                strategy=m.strategy,
+                submesh=m.submesh,
+                logical_mesh=m.logical_mesh,
+                label=_label(m),
+                compute_cost=m.compute_cost,
+                status=m.status,
+            )
+            for m in cost_matrices(session, job_id=job_id, num_layers=n)
+        ],
+    )

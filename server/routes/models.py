@@ -1,0 +1,135 @@
+"""POST /v1/models (idempotent by content hash), GET /v1/models, GET /v1/models/{id}."""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query, Response, status
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from schemas import DTYPE_BYTES, ModelSpec
+from server.api_models import LayerInfo, ModelCreated, ModelOut, ModelSummary, error_responses
+from server.checks import program_errors, raise_if, storable_errors
+from server.deps import SessionDep
+from server.errors import NotFound
+from server.examples import MODEL_EXAMPLES
+from store import ModelRow, get_model_row, get_model_spec, list_models, put_model
+from store.queries import layer_jaxprs
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+def layer_infos(skeleton: dict[str, Any]) -> list[LayerInfo]:
+    """Per-layer summary of a stored spec (its `models.spec` skeleton)."""
+    out = []
+    for i, layer in enumerate(skeleton["layers"]):
+        params = layer.get("params", [])
+        param_bytes = 0
+        for p in params:
+            n = DTYPE_BYTES.get(p["dtype"], 0)
+            for d in p["shape"]:
+                n *= d
+            param_bytes += n
+        out.append(
+            LayerInfo(
+                index=i,
+                name=layer["name"],
+                fingerprint=layer["fingerprint"],
+                inputs=[v["name"] for v in layer["inputs"]],
+                outputs=[v["name"] for v in layer["outputs"]],
+                num_params=len(params),
+                param_bytes=param_bytes,
+                flops=layer.get("flops", 0.0),
+            )
+        )
+    return out
+
+
+def store_model(session: Session, spec: ModelSpec) -> tuple[ModelRow, bool]:
+    """`put_model`, tolerating a concurrent request that stored the same rows first."""
+    try:
+        with session.begin_nested():
+            return put_model(session, spec=spec)
+    except IntegrityError:
+        return put_model(session, spec=spec)
+
+
+def check_model(spec: ModelSpec, loc: tuple[str, ...]) -> None:
+    raise_if(program_errors(spec, loc) + storable_errors(spec, loc))
+
+
+@router.post(
+    "",
+    response_model=ModelCreated,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": ModelCreated, "description": "Already stored."}}
+    | error_responses(400, 401, 403, 413, 415),
+    summary="Store a model spec (idempotent by content hash)",
+)
+def create_model(
+    spec: Annotated[ModelSpec, Body(openapi_examples=MODEL_EXAMPLES)],
+    session: SessionDep,
+    response: Response,
+) -> ModelCreated:
+    """Store `spec` and return its id and layer fingerprints. Posting an equal spec again
+    returns the same id with `created: false` and status 200."""
+    check_model(spec, ("body",))
+    row, created = store_model(session, spec)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return ModelCreated(
+        id=row.id,
+        name=row.name,
+        num_layers=row.num_layers,
+        created=created,
+        layer_fingerprints=[layer["fingerprint"] for layer in row.spec["layers"]],
+        url=f"/v1/models/{row.id}",
+    )
+
+
+@router.get("", response_model=list[ModelSummary], summary="List stored models, newest first")
+def read_models(
+    session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> list[ModelSummary]:
+    return [
+        ModelSummary(id=r.id, name=r.name, num_layers=r.num_layers, created_at=r.created_at)
+        for r in list_models(session, limit=limit)
+    ]
+
+
+@router.get(
+    "/{model_id}",
+    response_model=ModelOut,
+    responses=error_responses(404),
+    summary="A stored model: layers, fingerprints and its spec",
+)
+def read_model(
+    model_id: str,
+    session: SessionDep,
+    programs: Annotated[
+        bool, Query(description="Include the layers' serialized programs (can be large).")
+    ] = False,
+) -> ModelOut:
+    row = get_model_row(session, model_id=model_id)
+    if row is None:
+        raise NotFound(f"model {model_id!r} not found")
+    spec = get_model_spec(session, model_id=model_id, with_programs=programs)
+    assert spec is not None
+    if not programs:
+        fps = [layer["fingerprint"] for layer in row.spec["layers"]]
+        jaxprs = layer_jaxprs(session, fingerprints=fps)
+        spec = spec.model_copy(
+            update={
+                "layers": [
+                    layer.model_copy(update={"jaxpr": jaxprs.get(s["fingerprint"], "")})
+                    for layer, s in zip(spec.layers, row.spec["layers"], strict=True)
+                ]
+            }
+        )
+    return ModelOut(
+        id=row.id,
+        name=row.name,
+        num_layers=row.num_layers,
+        created_at=row.created_at,
+        layers=layer_infos(row.spec),
+        spec=spec,
+    )

@@ -1,0 +1,115 @@
+// Heatmap of stage cost by (start, end) for one (submesh, config), from
+// GET /v1/jobs/{id}/cost-matrix. The plan's stages are outlined.
+"use strict";
+
+(function () {
+  const SP = window.SP;
+  const FAILED = "#e5e7eb";
+
+  function draw(box, matrix, names, planStages) {
+    box.replaceChildren();
+    const L = matrix.compute_cost.length;
+    if (!L) {
+      box.append(SP.el("p", { class: "muted", text: "No candidates yet." }));
+      return;
+    }
+    const cell = Math.max(8, Math.min(36, Math.floor(620 / L)));
+    const left = 96, top = 64, legendW = 220;
+    const width = left + L * cell + 40;
+    const height = top + L * cell + 70;
+    const svg = SP.svg("svg", {
+      id: "heatmap-svg", class: "heatmap", width: Math.max(width, left + legendW + 40), height: height,
+      viewBox: "0 0 " + Math.max(width, left + legendW + 40) + " " + height, role: "img",
+      "aria-label": "Stage cost heatmap for " + matrix.label,
+    });
+    const costs = [];
+    for (const row of matrix.compute_cost) for (const v of row) if (v !== null && v > 0) costs.push(v);
+    const lo = Math.log(Math.min(...costs, Infinity));
+    const hi = Math.log(Math.max(...costs, -Infinity));
+    const scale = (v) => (hi > lo ? (Math.log(v) - lo) / (hi - lo) : 0.5);
+    const every = Math.max(1, Math.ceil(14 / cell));
+
+    SP.svg("text", { x: left + (L * cell) / 2, y: 16, class: "axis-title", "text-anchor": "middle", text: "last layer of the stage (end)" }, svg);
+    const yTitle = SP.svg("text", { x: 14, y: top + (L * cell) / 2, class: "axis-title", "text-anchor": "middle", text: "first layer (start)" }, svg);
+    yTitle.setAttribute("transform", "rotate(-90 14 " + (top + (L * cell) / 2) + ")");
+    for (let i = 0; i < L; i += every) {
+      const label = String(i);
+      SP.svg("text", { x: left + i * cell + cell / 2, y: top - 8, class: "tick", "text-anchor": "middle", text: label }, svg);
+      const t = SP.svg("text", { x: left - 6, y: top + i * cell + cell / 2 + 4, class: "tick", "text-anchor": "end", text: label }, svg);
+      SP.title(t, names[i] || label);
+    }
+    for (let s = 0; s < L; s++) {
+      for (let e = s; e < L; e++) {
+        const status = matrix.status[s][e];
+        if (status === null) continue;
+        const v = matrix.compute_cost[s][e];
+        const x = left + e * cell, y = top + s * cell;
+        let fill = "#ffffff", cls = "heat-cell pending";
+        if (status === "ok" && v !== null) { fill = SP.color(scale(v)); cls = "heat-cell ok"; }
+        else if (status !== "pending") { fill = FAILED; cls = "heat-cell failed"; }
+        const r = SP.svg("rect", { x: x + 0.5, y: y + 0.5, width: cell - 1, height: cell - 1, fill: fill, class: cls }, svg);
+        const range = (names[s] || s) + (e > s ? " … " + (names[e] || e) : "");
+        SP.title(r, "layers " + s + "–" + e + " (" + range + "): " + (status === "ok" ? SP.fmtSeconds(v) : status));
+        if (cls === "heat-cell failed" && cell >= 12) {
+          SP.svg("text", { x: x + cell / 2, y: y + cell / 2 + 4, class: "cell-mark", "text-anchor": "middle", text: "×" }, svg);
+        }
+      }
+    }
+    for (const st of planStages) {
+      if (st.submesh_id !== matrix.submesh_id || st.config_id !== matrix.config_id) continue;
+      if (st.start >= L || st.end >= L) continue;
+      const r = SP.svg("rect", { x: left + st.end * cell + 1, y: top + st.start * cell + 1, width: cell - 2, height: cell - 2, class: "plan-cell" }, svg);
+      SP.title(r, "in the plan: layers " + st.start + "–" + st.end);
+    }
+    legend(svg, left, top + L * cell + 24, legendW, costs.length ? [Math.exp(lo), Math.exp(hi)] : null);
+    box.append(svg);
+  }
+
+  function legend(svg, x, y, w, range) {
+    const defs = SP.svg("defs", {}, svg);
+    const grad = SP.svg("linearGradient", { id: "heat-gradient", x1: "0", x2: "1", y1: "0", y2: "0" }, defs);
+    SP.STOPS.forEach((c, i) => SP.svg("stop", { offset: i / (SP.STOPS.length - 1), "stop-color": c }, grad));
+    SP.svg("rect", { x: x, y: y, width: w, height: 10, fill: "url(#heat-gradient)", class: "legend-bar" }, svg);
+    if (range) {
+      SP.svg("text", { x: x, y: y + 24, class: "tick", text: SP.fmtSeconds(range[0]) }, svg);
+      SP.svg("text", { x: x + w, y: y + 24, class: "tick", "text-anchor": "end", text: SP.fmtSeconds(range[1]) + " (log)" }, svg);
+    }
+    SP.svg("rect", { x: x + w + 16, y: y, width: 10, height: 10, fill: FAILED }, svg);
+    SP.svg("text", { x: x + w + 30, y: y + 9, class: "tick", text: "failed" }, svg);
+    SP.svg("rect", { x: x + w + 80, y: y, width: 10, height: 10, class: "heat-cell pending", fill: "#ffffff" }, svg);
+    SP.svg("text", { x: x + w + 94, y: y + 9, class: "tick", text: "pending" }, svg);
+    SP.svg("rect", { x: x + w + 154, y: y, width: 10, height: 10, class: "plan-cell" }, svg);
+    SP.svg("text", { x: x + w + 168, y: y + 9, class: "tick", text: "plan" }, svg);
+  }
+
+  // Fill the selector and draw; keeps the user's selection across refreshes.
+  SP.heatmap = {
+    async load(jobId, planStages) {
+      const box = document.getElementById("heatmap");
+      const select = document.getElementById("heatmap-select");
+      const note = document.getElementById("heatmap-note");
+      if (!box || !select) return;
+      const data = await SP.getJSON("/v1/jobs/" + encodeURIComponent(jobId) + "/cost-matrix");
+      const previous = select.value;
+      select.replaceChildren();
+      data.matrices.forEach((m, i) => select.append(SP.el("option", { value: String(i), text: m.label })));
+      if (!data.matrices.length) {
+        box.replaceChildren(SP.el("p", { class: "muted", text: "No stage candidates recorded yet." }));
+        note.textContent = "";
+        return;
+      }
+      let pick = 0;
+      const first = planStages[0];
+      if (previous && Number(previous) < data.matrices.length) pick = Number(previous);
+      else if (first) pick = Math.max(0, data.matrices.findIndex((m) => m.submesh_id === first.submesh_id && m.config_id === first.config_id));
+      select.value = String(pick);
+      const render = () => {
+        const m = data.matrices[Number(select.value)];
+        draw(box, m, data.layer_names, planStages);
+        note.textContent = data.num_layers + " layers · " + m.num_devices + " device(s) · outlined cells are the plan's stages";
+      };
+      select.onchange = render;
+      render();
+    },
+  };
+})();
