@@ -10,6 +10,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "client.commands.db",
     "client.commands.plan",
+    "client.commands.profile",
     "client.commands.worker",
 )
 

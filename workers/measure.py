@@ -152,14 +152,15 @@ def _run_forward_backward(
         inputs = [random_array(s, 1000 + i) for i, s in enumerate(modules.input_structs)]
     fwd = measured.modules["forward"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running forward"):
-        measured.samples["forward"], (outs, vjp, _) = time_runs(
+        measured.samples["forward"], (outs, residuals, _) = time_runs(
             lambda: fwd(params, inputs), options.warmup, options.repeats, deadline, "forward"
         )
         cot = tuple(jax.numpy.ones_like(o) for o in outs)
     bwd = measured.modules["backward"].compiled
+    kept = modules.kept_values(params, inputs)
     with _failing_as(ProfileStatus.runtime_error, "running backward"):
         measured.samples["backward"], (grads, _) = time_runs(
-            lambda: bwd(vjp, cot), options.warmup, options.repeats, deadline, "backward"
+            lambda: bwd(kept, residuals, cot), options.warmup, options.repeats, deadline, "backward"
         )
     return grads
 
@@ -234,8 +235,9 @@ def measure_stage_on(
                 f"{len(all_devices)} ({device_kind}); start it with more (XLA_FLAGS="
                 "--xla_force_host_platform_device_count=N on CPU)",
             )
-        with _failing_as(ProfileStatus.compile_error, "composing the stage"):
+        with _failing_as(ProfileStatus.compile_error, "building the logical mesh"):
             mesh = make_mesh(stage_devices, config)
+        with _failing_as(ProfileStatus.compile_error, "composing the stage"):
             program = compose_stage(spec, start, end)
         deadline.check("compose")
         shardings = stage_shardings(mesh, config, program.params, program.inputs)

@@ -31,8 +31,12 @@ ParamRule = Callable[[Sequence[ParamSpec], int, int], list[PartitionSpec]]
 
 
 def _spec(rank: int, placement: dict[int, str]) -> PartitionSpec:
-    """A PartitionSpec of `rank` dims with mesh axis `placement[d]` on dim d."""
-    return PartitionSpec(*(placement.get(d) for d in range(rank)))
+    """A PartitionSpec with mesh axis `placement[d]` on dim d (trailing unsplit dims left
+    out, so a replicated array is `P()`)."""
+    dims = [placement.get(d) for d in range(rank)]
+    while dims and dims[-1] is None:
+        dims.pop()
+    return PartitionSpec(*dims)
 
 
 def replicated_rule(params: Sequence[ParamSpec], dp: int, tp: int) -> list[PartitionSpec]:

@@ -1,8 +1,10 @@
 """The three modules of a stage (forward, backward, apply_grad): build, shard and compile.
 
-forward = ``jit(lambda p, x: vjp(stage, p, x))``: it returns the stage outputs and the VJP,
-whose leaves are the parameters and inputs it keeps plus the residuals (stashed activations).
-backward = ``jit(lambda vjp, g: vjp(g))``. apply_grad = the optax update of the parameters.
+forward = ``jit(lambda p, x: vjp(stage, p, x))``. The VJP's leaves are the parameters and
+inputs it keeps plus the residuals (stashed activations); forward returns only the residuals
+(returning the kept inputs would make XLA copy them and double-count them in the peak), and
+backward = ``jit(lambda vjp, g: vjp(g))`` rebuilds the VJP from the kept inputs and the
+residuals. apply_grad = the optax update of the parameters.
 Only floating outputs and floating inputs that come from earlier layers are differentiated;
 integer ones (token ids, labels) and the model's batch inputs ride along untouched.
 """
@@ -16,7 +18,7 @@ from typing import Any, Protocol
 import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
-from jax.tree_util import FlattenedIndexKey, SequenceKey
+from jax.tree_util import PyTreeDef, SequenceKey
 
 from schemas import ModuleKind, ParamSpec, VarSpec
 from workers.memory import per_device_bytes
@@ -106,17 +108,39 @@ class StageModules:
         self.input_structs = [
             _sds(v.shape, v.dtype, s) for v, s in zip(inputs, shardings.inputs, strict=True)
         ]
-        self.forward_out: Any = None  # (float outputs, vjp, other outputs), with shardings
+        # set while tracing forward: the VJP's tree, and per leaf its index in params + inputs
+        # (None for a residual)
+        self._vjp_tree: PyTreeDef | None = None
+        self._vjp_slots: list[int | None] = []
+        self.forward_out: Any = None  # (float outputs, residuals, other outputs), sharded
 
     # ----- the functions that get jitted -------------------------------------------------
-    def _forward(self, params: list, inputs: list) -> Any:
+    def _forward(self, params: list, inputs: list) -> tuple[tuple, list, tuple]:
         def stage(p: list, xs: list) -> tuple[tuple, tuple]:
             outs = self.program.fn(p, xs)
             return tuple(outs[i] for i in self.diff_out), tuple(outs[i] for i in self.other_out)
 
-        return jax.vjp(stage, params, inputs, has_aux=True)
+        outs, vjp, aux = jax.vjp(stage, params, inputs, has_aux=True)
+        leaves, self._vjp_tree = jax.tree_util.tree_flatten(vjp)
+        primal = {id(x): i for i, x in enumerate([*params, *inputs])}
+        self._vjp_slots = [primal.get(id(leaf)) for leaf in leaves]
+        residuals = [
+            leaf for leaf, slot in zip(leaves, self._vjp_slots, strict=True) if slot is None
+        ]
+        return outs, residuals, aux
 
-    def _backward(self, vjp: Any, cotangents: tuple) -> tuple[list, list]:
+    @property
+    def kept_inputs(self) -> list[int]:
+        """Indices into params + inputs of the values the VJP keeps (backward's first args)."""
+        return sorted({slot for slot in self._vjp_slots if slot is not None})
+
+    def _backward(self, kept: list, residuals: list, cotangents: tuple) -> tuple[list, list]:
+        by_slot = dict(zip(self.kept_inputs, kept, strict=True))
+        res = iter(residuals)
+        leaves = [next(res) if slot is None else by_slot[slot] for slot in self._vjp_slots]
+        if self._vjp_tree is None:
+            raise RuntimeError("forward must be traced before backward")
+        vjp = jax.tree_util.tree_unflatten(self._vjp_tree, leaves)
         grad_params, grad_inputs = vjp(cotangents)
         return grad_params, [grad_inputs[i] for i in self.grad_in]
 
@@ -149,7 +173,12 @@ class StageModules:
     @property
     def num_residuals(self) -> int:
         """Residual (stashed activation) results of forward, after `compile_forward`."""
-        return len(self._residuals(self.forward_out[1])[0])
+        return len(self.forward_out[1])
+
+    def kept_values(self, params: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
+        """Backward's first argument: the parameters and inputs the VJP keeps."""
+        values = [*params, *inputs]
+        return [values[i] for i in self.kept_inputs]
 
     # ----- compile -------------------------------------------------------------------------
     def compile_forward(self) -> CompiledModule:
@@ -161,10 +190,9 @@ class StageModules:
         compiled = lowered.compile()
         seconds = time.perf_counter() - t0
         self.forward_out = _with_shardings(lowered.out_info, compiled.output_shardings)
-        outs, vjp, aux = self.forward_out
-        res_names, res_structs = self._residuals(vjp)
+        outs, residuals, aux = self.forward_out
         out_names = [self.program.outputs[i].name for i in self.diff_out]
-        out_names += res_names
+        out_names += [f"res[{k}]" for k in range(len(residuals))]
         out_names += [self.program.outputs[i].name for i in self.other_out]
         in_structs = self.param_structs + self.input_structs
         return CompiledModule(
@@ -174,40 +202,9 @@ class StageModules:
             invar_names=tuple(v.name for v in [*self.program.params, *self.program.inputs]),
             outvar_names=tuple(out_names),
             invar_sizes=_sizes(in_structs),
-            outvar_sizes=_sizes(list(outs) + res_structs + list(aux)),
+            outvar_sizes=_sizes(list(outs) + list(residuals) + list(aux)),
             donated_invars=(False,) * len(in_structs),
         )
-
-    def _vjp_leaves(self, vjp: Any) -> list[tuple[str, bool]]:
-        """``(name, is_input)`` per VJP leaf: the parameter or input it keeps, else ``res[k]``."""
-        arg_names = [
-            [p.name for p in self.program.params],
-            [v.name for v in self.program.inputs],
-        ]
-        leaves = []
-        k = 0
-        for path, _ in jax.tree_util.tree_flatten_with_path(vjp)[0]:
-            # jax 0.10 flattens a VJP as [args kept, opaque residuals]; args are [params, x].
-            if (
-                len(path) == 3
-                and isinstance(path[0], FlattenedIndexKey)
-                and path[0].key == 0
-                and isinstance(path[1], SequenceKey)
-                and isinstance(path[2], SequenceKey)
-            ):
-                leaves.append((arg_names[path[1].idx][path[2].idx], True))
-            else:
-                leaves.append((f"res[{k}]", False))
-                k += 1
-        if k == len(leaves) and leaves:
-            logger.debug("no VJP leaf recognised as a stage input; all counted as residuals")
-        return leaves
-
-    def _residuals(self, vjp: Any) -> tuple[list[str], list[Any]]:
-        """Names and structs of the VJP leaves that are stashed activations (not inputs)."""
-        pairs = zip(self._vjp_leaves(vjp), jax.tree_util.tree_leaves(vjp), strict=True)
-        kept = [(name, s) for (name, is_input), s in pairs if not is_input]
-        return [n for n, _ in kept], [s for _, s in kept]
 
     def cotangent_structs(self) -> tuple:
         """Cotangents of the differentiated outputs, sharded like the outputs."""
@@ -217,22 +214,25 @@ class StageModules:
         """Lower and compile backward (needs `compile_forward` first)."""
         if self.forward_out is None:
             raise RuntimeError("compile_forward must run before compile_backward")
-        _, vjp, _ = self.forward_out
+        _, residuals, _ = self.forward_out
         g = self.cotangent_structs()
+        kept = self.kept_values(self.param_structs, self.input_structs)
         xg_sh = [self.shardings.inputs[i] for i in self.grad_in]
         t0 = time.perf_counter()
         compiled = (
             jax.jit(self._backward, out_shardings=(self.shardings.params, xg_sh))
-            .lower(vjp, g)
+            .lower(kept, residuals, g)
             .compile()
         )
         seconds = time.perf_counter() - t0
-        vjp_names = [name for name, _ in self._vjp_leaves(vjp)]
-        in_names = vjp_names + [f"grad:{self.program.outputs[i].name}" for i in self.diff_out]
+        names = [v.name for v in [*self.program.params, *self.program.inputs]]
+        in_names = [names[i] for i in self.kept_inputs]
+        in_names += [f"res[{k}]" for k in range(len(residuals))]
+        in_names += [f"grad:{self.program.outputs[i].name}" for i in self.diff_out]
         grad_params = [f"grad:{p.name}" for p in self.program.params]
         grad_inputs = [f"grad:{self.program.inputs[i].name}" for i in self.grad_in]
         grad_structs = self.param_structs + [self.input_structs[i] for i in self.grad_in]
-        in_structs = jax.tree_util.tree_leaves(vjp) + list(g)
+        in_structs = kept + list(residuals) + list(g)
         return CompiledModule(
             kind=ModuleKind.backward,
             compiled=compiled,

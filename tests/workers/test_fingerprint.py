@@ -1,0 +1,72 @@
+"""Stage fingerprints: equal for identical stages, different when the measurement differs."""
+
+import pytest
+
+from schemas import ModelSpec, PlanOptions, ShardingConfig, SubmeshShape
+from tests.workers.specs import dense_spec
+from workers.fingerprint import stage_fingerprint, stage_io
+
+SUBMESH = SubmeshShape(hosts=1, devices_per_host=2)
+DATA = ShardingConfig(logical_mesh=(2, 1), strategy="data")
+OPTIONS = PlanOptions()
+
+
+@pytest.fixture(scope="module")
+def gpt() -> ModelSpec:
+    from client import zoo
+
+    return zoo.build("gpt", num_layers=4)
+
+
+def fp(spec: ModelSpec, start: int, end: int, **changes: object) -> str:
+    args: dict[str, object] = dict(
+        submesh=SUBMESH, config=DATA, device_kind="cpu", jax_version="0.10.2", options=OPTIONS
+    )
+    args.update(changes)
+    return stage_fingerprint(spec, start, end, **args)  # type: ignore[arg-type]
+
+
+def test_equal_ranges_of_identical_gpt_blocks_have_equal_fingerprints(gpt: ModelSpec) -> None:
+    assert [layer.name for layer in gpt.layers[1:5]] == ["block0", "block1", "block2", "block3"]
+    assert fp(gpt, 1, 2) == fp(gpt, 2, 3) == fp(gpt, 3, 4)
+    assert fp(gpt, 1, 1) == fp(gpt, 4, 4)
+    assert fp(gpt, 0, 1) != fp(gpt, 1, 2)  # embedding + block is another stage
+    assert fp(gpt, 3, 4) != fp(gpt, 4, 5)  # the head reads labels and outputs the loss
+    assert fp(gpt, 1, 2) != fp(gpt, 1, 3)
+
+
+def test_fingerprint_covers_what_changes_a_measurement(gpt: ModelSpec) -> None:
+    base = fp(gpt, 1, 2)
+    assert fp(gpt, 1, 2, submesh=SubmeshShape(hosts=1, devices_per_host=4)) != base
+    assert fp(gpt, 1, 2, config=ShardingConfig(logical_mesh=(2, 1), strategy="fsdp")) != base
+    assert fp(gpt, 1, 2, config=ShardingConfig(logical_mesh=(1, 2), strategy="data")) != base
+    assert fp(gpt, 1, 2, device_kind="NVIDIA H100") != base
+    assert fp(gpt, 1, 2, jax_version="0.10.3") != base
+    assert fp(gpt, 1, 2, options=PlanOptions(optimizer="sgd")) != base
+    assert fp(gpt, 1, 2, options=PlanOptions(repeats=3)) != base
+    assert fp(gpt, 1, 2, options=PlanOptions(warmup=0)) != base
+
+
+def test_fingerprint_ignores_limits_and_planning_options(gpt: ModelSpec) -> None:
+    base = fp(gpt, 1, 2)
+    same = PlanOptions(
+        candidate_timeout_s=1.0,
+        num_microbatches=16,
+        strategies=["data"],
+        include_communication=True,
+    )
+    assert fp(gpt, 1, 2, options=same) == base
+
+
+def test_fingerprint_depends_on_shapes() -> None:
+    assert fp(dense_spec(batch=8), 0, 0) != fp(dense_spec(batch=16), 0, 0)
+    assert fp(dense_spec(), 0, 0) == fp(dense_spec(), 1, 1)
+
+
+def test_stage_io_inputs_and_outputs(gpt: ModelSpec) -> None:
+    inputs, outputs = stage_io(gpt, 1, 2)
+    assert [v.name for v in inputs] == ["embed:0"]
+    assert [v.name for v in outputs] == ["block1:0"]
+    inputs, outputs = stage_io(gpt, 4, 5)
+    assert [v.name for v in inputs] == ["block2:0", "labels"]
+    assert [v.name for v in outputs] == [gpt.loss]
