@@ -11,6 +11,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "client.commands.db",
     "client.commands.plan",
     "client.commands.profile",
+    "client.commands.serve",
     "client.commands.worker",
 )
 

@@ -190,7 +190,9 @@ class MetricsMiddleware:
             await self.app(scope, receive, recording)
         finally:
             route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
+            path = getattr(route, "path", None)
+            if path is None:  # mounts set no route: label by prefix, never by raw path
+                path = "/static" if scope["path"].startswith("/static/") else "unmatched"
             self.metrics.observe_request(
                 method=scope["method"],
                 route=path,
