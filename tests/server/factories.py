@@ -1,0 +1,272 @@
+"""Hand-made models, profiles and finished jobs for the server tests (no jax)."""
+
+import base64
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from planner.schedule import simulate_1f1b
+from schemas import (
+    BaselinePlan,
+    ClusterSpec,
+    JobStatus,
+    LayerSpec,
+    ModelSpec,
+    ModuleKind,
+    ModuleProfileResult,
+    ParamSpec,
+    Plan,
+    PlannedStage,
+    PlanOptions,
+    ProfileStatus,
+    ShardingConfig,
+    StageKey,
+    StageProfileResult,
+    SubmeshShape,
+    VarSpec,
+)
+from store import (
+    CandidateIn,
+    add_candidates,
+    claim_job,
+    create_job,
+    finish_job,
+    put_model,
+    record_result,
+    refresh_progress,
+    save_profile,
+    session_scope,
+)
+
+PROGRAM = base64.b64encode(b"not really a jax.export program").decode()
+# (submesh (hosts, devices), [(logical mesh, strategy), ...]) for a 1 x 2 cluster.
+SPACE = [
+    ((1, 1), [((1, 1), "data")]),
+    ((1, 2), [((2, 1), "data"), ((1, 2), "megatron")]),
+]
+
+
+def chain_spec(
+    num_layers: int = 6, width: int = 8, name: str = "chain", batch: int = 4
+) -> ModelSpec:
+    """x -> h0 -> ... -> loss: dense layers with distinct fingerprints, then a scalar loss."""
+    layers = []
+    prev = VarSpec(name="x", shape=(batch, width), dtype="float32")
+    for i in range(num_layers):
+        last = i == num_layers - 1
+        out = VarSpec(
+            name="loss" if last else f"h{i}",
+            shape=() if last else (batch, width),
+            dtype="float32",
+        )
+        layers.append(
+            LayerSpec(
+                name=f"{name}_layer{i}",
+                inputs=[prev],
+                outputs=[out],
+                params=[ParamSpec(name=f"w{i}", shape=(width, width), dtype="float32")],
+                program=PROGRAM,
+                jaxpr=f"{{ lambda ; a:f32[{width},{width}] b:f32[{batch},{width}]. "
+                f"let c = dot_general b a in (c,) }}  # layer {i}",
+                flops=2.0 * batch * width * width,
+                fingerprint=f"{name}-fp-{i}",
+            )
+        )
+        prev = out
+    x = VarSpec(name="x", shape=(batch, width), dtype="float32")
+    return ModelSpec(name=name, inputs=[x], layers=layers, loss="loss")
+
+
+def stage_profile(
+    fingerprint: str,
+    key: StageKey,
+    submesh: tuple[int, int],
+    mesh: tuple[int, int],
+    strategy: str,
+    cost: float,
+    status: ProfileStatus = ProfileStatus.ok,
+    peak_memory: int = 1000,
+) -> StageProfileResult:
+    modules: tuple[ModuleProfileResult, ...] = ()
+    if status == ProfileStatus.ok:
+        modules = tuple(
+            ModuleProfileResult(
+                module=kind,
+                compute_cost=cost * share,
+                peak_memory=peak_memory,
+                temp_buffer_size=10,
+                invar_names=("w", "x"),
+                outvar_names=("y",),
+                invar_sizes=(400, 100),
+                outvar_sizes=(100,),
+                donated_invars=(False, False),
+                available_memory=2**30,
+            )
+            for kind, share in ((ModuleKind.forward, 1 / 3), (ModuleKind.backward, 2 / 3))
+        )
+    return StageProfileResult(
+        status=status,
+        error=None if status == ProfileStatus.ok else f"{status.value}: <b>not</b> measured",
+        fingerprint=fingerprint,
+        key=key,
+        submesh=SubmeshShape(hosts=submesh[0], devices_per_host=submesh[1]),
+        config=ShardingConfig(logical_mesh=mesh, strategy=strategy),  # type: ignore[arg-type]
+        num_layers=key.end - key.start + 1,
+        module_profile_results=modules,
+        available_memory=2**30,
+        initial_var_size=400,
+        intermediate_size=100,
+        max_n_succ_stages=5 if status == ProfileStatus.ok else -1,
+    )
+
+
+def candidate_cost(start: int, end: int, submesh_id: int, config_id: int) -> float:
+    """A made-up stage time: per-layer cost over devices, megatron slightly slower."""
+    devices = SPACE[submesh_id][0][1]
+    return 0.004 * (end - start + 1) / devices * (1.25 if config_id == 1 else 1.0) + 1e-4 * start
+
+
+def failed_key(start: int, end: int, submesh_id: int, config_id: int, num_layers: int) -> bool:
+    """Which candidates fail: the whole model on one device (oom), one megatron compile."""
+    if (start, end, submesh_id) == (0, num_layers - 1, 0):
+        return True
+    return (start, end, submesh_id, config_id) == (1, 2, 1, 1)
+
+
+@dataclass(frozen=True)
+class SeededJob:
+    job_id: str
+    model_id: str
+    num_layers: int
+    num_candidates: int
+    plan: Plan | None
+
+
+def _keys(num_layers: int) -> list[tuple[int, int, int, int]]:
+    return [
+        (s, e, m, c)
+        for s in range(num_layers)
+        for e in range(s, num_layers)
+        for m, (_, configs) in enumerate(SPACE)
+        for c in range(len(configs))
+    ]
+
+
+def _fingerprint(salt: str, key: tuple[int, int, int, int]) -> str:
+    return f"{salt}-{key[0]}-{key[1]}-{key[2]}-{key[3]}"
+
+
+def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
+    """Two stages (halves of the model) on one device each, with the 1F1B schedule."""
+    half = num_layers // 2
+    stages = []
+    for start, end in ((0, half - 1), (half, num_layers - 1)):
+        cost = candidate_cost(start, end, 0, 0)
+        stages.append(
+            PlannedStage(
+                start=start,
+                end=end,
+                layer_names=[f"chain_layer{i}" for i in range(start, end + 1)],
+                submesh_id=0,
+                config_id=0,
+                submesh=SubmeshShape(hosts=1, devices_per_host=1),
+                config=ShardingConfig(logical_mesh=(1, 1), strategy="data"),
+                forward_cost=cost / 3,
+                backward_cost=2 * cost / 3,
+                compute_cost=cost,
+                peak_memory=1000,
+                initial_var_size=400,
+                intermediate_size=100,
+                max_n_succ_stages=5,
+                fingerprint=_fingerprint(salt, (start, end, 0, 0)),
+            )
+        )
+    schedule = simulate_1f1b(
+        [s.forward_cost for s in stages], [s.backward_cost for s in stages], num_microbatches
+    )
+    costs = [s.compute_cost for s in stages]
+    dp_cost = sum(costs) + (num_microbatches - 1) * max(costs)
+    whole = candidate_cost(0, num_layers - 1, 1, 0)
+    return Plan(
+        stages=stages,
+        num_microbatches=num_microbatches,
+        num_layers=num_layers,
+        num_devices=2,
+        dp_cost_s=dp_cost,
+        predicted_iteration_time_s=schedule.iteration_time_s,
+        bubble_fraction=schedule.bubble_fraction,
+        dp_wall_seconds=0.0021,
+        baselines=[
+            BaselinePlan(name="data_parallel", iteration_time_s=whole * num_microbatches),
+            BaselinePlan(name="uniform_3", reason="3 stages do not fit 2 devices"),
+        ],
+        schedule=schedule.events,
+    )
+
+
+def seed_job(
+    factory: sessionmaker[Session],
+    *,
+    num_layers: int = 6,
+    num_microbatches: int = 4,
+    finished: bool = True,
+    recorded_fraction: float = 1.0,
+    salt: str = "fp",
+    name: str = "chain",
+) -> SeededJob:
+    """A job of a `chain_spec` model on a 1x2 cluster with every candidate added.
+
+    `finished`: every candidate recorded (some failed) and a plan stored (status done).
+    Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded.
+    """
+    keys = _keys(num_layers)
+    with session_scope(factory) as s:
+        model, _ = put_model(s, spec=chain_spec(num_layers, name=name))
+        options = PlanOptions(num_microbatches=num_microbatches, strategies=["data", "megatron"])
+        job = create_job(
+            s,
+            cluster=ClusterSpec(num_hosts=1, devices_per_host=2),
+            options=options,
+            model_id=model.id,
+        )
+        claim_job(s, owner="test-runner", lease_seconds=600, job_id=job.id)
+        add_candidates(
+            s,
+            job_id=job.id,
+            model_id=model.id,
+            candidates=[
+                CandidateIn(
+                    key=StageKey(start=k[0], end=k[1], submesh_id=k[2], config_id=k[3]),
+                    fingerprint=_fingerprint(salt, k),
+                    num_devices=SPACE[k[2]][0][1],
+                    strategy=SPACE[k[2]][1][k[3]][1],
+                )
+                for k in keys
+            ],
+        )
+        n_record = len(keys) if finished else int(len(keys) * recorded_fraction)
+        for k in keys[:n_record]:
+            submesh, configs = SPACE[k[2]]
+            mesh, strategy = configs[k[3]]
+            failed = failed_key(*k, num_layers)
+            status = ProfileStatus.ok
+            if failed:
+                status = ProfileStatus.oom if k[2] == 0 else ProfileStatus.compile_error
+            result = stage_profile(
+                _fingerprint(salt, k),
+                StageKey(start=k[0], end=k[1], submesh_id=k[2], config_id=k[3]),
+                submesh,
+                mesh,
+                strategy,
+                candidate_cost(*k),
+                status,
+                peak_memory=1000 * (k[1] - k[0] + 1) // submesh[1],
+            )
+            row = save_profile(s, result=result)
+            record_result(s, job_id=job.id, profile=row, reused=k[0] % 2 == 1)
+        refresh_progress(s, job_id=job.id)
+        plan = None
+        if finished:
+            plan = make_plan(num_layers, num_microbatches, salt)
+            finish_job(s, job_id=job.id, owner="test-runner", status=JobStatus.done, plan=plan)
+        return SeededJob(job.id, model.id, num_layers, len(keys), plan)

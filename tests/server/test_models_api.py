@@ -1,0 +1,144 @@
+"""POST/GET /v1/models over HTTP: idempotent storage, fingerprints, and every error path."""
+
+import json
+
+import httpx
+import pytest
+
+from server import Settings
+from tests.server.conftest import RowCounts
+from tests.server.factories import PROGRAM, chain_spec
+from tests.server.live import LiveServer
+
+
+def spec_json(**kwargs: object) -> dict:
+    return chain_spec(**kwargs).model_dump(mode="json")  # type: ignore[arg-type]
+
+
+def test_post_model_is_idempotent(api: httpx.Client, row_counts: RowCounts) -> None:
+    first = api.post("/v1/models", json=spec_json(num_layers=3))
+    assert first.status_code == 201
+    body = first.json()
+    assert body["created"] is True and body["num_layers"] == 3
+    assert body["layer_fingerprints"] == ["chain-fp-0", "chain-fp-1", "chain-fp-2"]
+    assert body["url"] == f"/v1/models/{body['id']}"
+    counts = row_counts()
+    again = api.post("/v1/models", json=spec_json(num_layers=3))
+    assert again.status_code == 200
+    assert again.json()["id"] == body["id"] and again.json()["created"] is False
+    assert row_counts() == counts
+
+
+def test_get_model_with_and_without_programs(api: httpx.Client) -> None:
+    model_id = api.post("/v1/models", json=spec_json(num_layers=2)).json()["id"]
+    r = api.get(f"/v1/models/{model_id}")
+    assert r.status_code == 200
+    out = r.json()
+    assert [layer["fingerprint"] for layer in out["layers"]] == ["chain-fp-0", "chain-fp-1"]
+    assert out["layers"][0]["param_bytes"] == 8 * 8 * 4
+    assert out["spec"]["layers"][0]["program"] == ""
+    assert "dot_general" in out["spec"]["layers"][0]["jaxpr"]
+    full = api.get(f"/v1/models/{model_id}", params={"programs": "true"}).json()
+    assert full["spec"]["layers"][1]["program"] == PROGRAM
+    listed = api.get("/v1/models").json()
+    assert [m["id"] for m in listed] == [model_id]
+
+
+def test_unknown_model_is_404(api: httpx.Client) -> None:
+    r = api.get("/v1/models/nope")
+    assert r.status_code == 404 and "nope" in r.json()["detail"]
+
+
+def test_bad_base64_program_names_the_field(api: httpx.Client, row_counts: RowCounts) -> None:
+    body = spec_json(num_layers=2)
+    body["layers"][1]["program"] = "this is not base64!"
+    before = row_counts()
+    r = api.post("/v1/models", json=body)
+    assert r.status_code == 422
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "layers", 1, "program"]
+    assert err["field"] == "layers.1.program" and "base64" in err["msg"]
+    assert row_counts() == before
+
+
+def test_empty_program_is_422(api: httpx.Client) -> None:
+    body = spec_json(num_layers=2)
+    body["layers"][0]["program"] = ""
+    r = api.post("/v1/models", json=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "layers.0.program"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda b: b["layers"][0]["inputs"][0].update(shape=[4, 9]), ""),
+        (lambda b: b.update(loss="nope"), ""),
+        (lambda b: b["layers"][0].update(flops=-1), "layers.0.flops"),
+        (lambda b: b["inputs"][0].update(dtype="complex128"), "inputs.0.dtype"),
+        (lambda b: b.update(name="bad name with spaces"), "name"),
+        (lambda b: b.update(extra_field=1), "extra_field"),
+        (lambda b: b.pop("layers"), "layers"),
+    ],
+)
+def test_rule_breaking_fields_are_422(
+    api: httpx.Client, row_counts: RowCounts, mutate: object, field: str
+) -> None:
+    body = spec_json(num_layers=2)
+    mutate(body)  # type: ignore[operator]
+    before = row_counts()
+    r = api.post("/v1/models", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert all(e["msg"] and e["loc"][0] == "body" for e in detail)
+    if field:
+        assert field in [e["field"] for e in detail]
+    assert row_counts() == before
+
+
+def test_non_finite_and_nul_are_422(api: httpx.Client, row_counts: RowCounts) -> None:
+    body = spec_json(num_layers=2)
+    text = json.dumps(body).replace('"flops": 512.0', '"flops": Infinity', 1)
+    before = row_counts()
+    r = api.post("/v1/models", content=text, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "layers.0.flops"
+    body["layers"][0]["jaxpr"] = "a\x00b"
+    r = api.post("/v1/models", json=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "layers.0.jaxpr"
+    assert row_counts() == before
+
+
+def test_malformed_json_is_400(api: httpx.Client, row_counts: RowCounts) -> None:
+    before = row_counts()
+    r = api.post("/v1/models", content=b'{"name": ', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "malformed JSON" in r.json()["detail"]
+    assert row_counts() == before
+
+
+def test_non_json_body_is_415(api: httpx.Client) -> None:
+    r = api.post("/v1/models", content=b"name=x", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
+
+
+def test_nul_in_url_is_400(api: httpx.Client) -> None:
+    assert api.get("/v1/models/a%00b").status_code == 400
+    assert api.get("/v1/profiles", params={"job_id": "a\x00"}).status_code == 400
+
+
+def test_body_size_limit(db_url: str, db: object, row_counts: RowCounts) -> None:
+    settings = Settings(database_url=db_url, max_model_bytes=4096)
+    big = spec_json(num_layers=2)
+    big["layers"][0]["jaxpr"] = "x" * 5000
+    before = row_counts()
+    with LiveServer(settings) as srv, httpx.Client(base_url=srv.url) as client:
+        r = client.post("/v1/models", json=big)
+        assert r.status_code == 413 and "4096" in r.json()["detail"]
+
+        def chunks():  # no Content-Length: the limit is counted as the body streams
+            yield json.dumps(big).encode()
+
+        r = client.post(
+            "/v1/models", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 413
+        assert client.post("/v1/models", json=spec_json(num_layers=2)).status_code == 201
+    assert row_counts()["models"] == before["models"] + 1
