@@ -14,13 +14,15 @@ and the plan's objective is `sum + (B - 1) * max` over its stages. Alpa solves t
 recurrence for every distinct `t_max` in increasing order and stops once `B * t_max` reaches
 the best objective found. Here the recurrence is vectorised over stage counts, next-stage
 starts and device counts (configs are reduced up front: for a fixed memory row the cheapest
-feasible config is the only one that matters), and the bounds are walked from the top down:
-solving at `t` gives a plan whose largest stage `M <= t` has the least sum for every bound in
-`[M, t]`, so the next bound to solve is the largest cost below `M` (and below `best / B`,
-Alpa's stop rule). This skips every bound that cannot change the answer, so it solves a
-handful of bounds where Alpa solves thousands, and it is exact: it returns the optimum of
-enumerating every split and every (submesh, config) that uses all devices within the
-memory rule. Alpa's 1e-6 gap between bounds is not needed (and would cost exactness).
+feasible config is the only one that matters), and the bounds are walked from the top down
+(`_BoundSearch`): solving at `t` gives a plan whose largest stage `M <= t` has the least sum
+for every bound in `[M, t]`, so the next bound is the largest one below `M`, and only while
+`least sum + (B - 1) * bound` (or Alpa's `B * t_max`) is below the best objective; nothing
+lies below the least largest stage of any plan (one max-plus solve of the same recurrence).
+This solves a handful of bounds where Alpa solves hundreds, and it is exact: it returns the
+optimum of enumerating every split and every (submesh, config) that uses all devices
+within the memory rule. Alpa's 1e-6 gap between bounds is not needed (and would cost
+exactness).
 """
 
 import logging
@@ -63,7 +65,7 @@ class _Table:
 
     cost: NDArray[np.float64]
     best: NDArray[np.float64]
-    arg: NDArray[np.int64]
+    arg: NDArray[np.int16]
     sizes: NDArray[np.int64]
     num_devices: int
 
@@ -146,6 +148,8 @@ def reduce_configs(
 ) -> _Table:
     """Reduce `[L, L, S, C]` to the cheapest allowed config per memory row (see `_Table`)."""
     num_layers, _, num_submeshes, num_configs = cost.shape
+    if num_configs > np.iinfo(np.int16).max:
+        raise ValueError(f"at most {np.iinfo(np.int16).max} configs per submesh, got {num_configs}")
     cap = min(num_layers, num_devices) - 1  # most stages that can follow any stage
     clipped = np.clip(mns, -1, cap)
     usable = np.isfinite(cost) & (clipped >= 0) & (sizes <= num_devices)[None, None, :, None]
@@ -157,7 +161,7 @@ def reduce_configs(
     level = np.where(usable, np.minimum(clipped, rows - 1), -1)
     shape = (rows + 1, num_layers, num_layers, num_submeshes)
     exact = np.full(shape, np.inf)  # exact[v]: cheapest config whose level is exactly v
-    exact_arg = np.zeros(shape, dtype=np.int64)
+    exact_arg = np.zeros(shape, dtype=np.int16)
     for c in range(num_configs):
         idx = (level[..., c] + 1)[None]  # slot 0 collects the unusable (-1)
         current = np.take_along_axis(exact, idx, axis=0)[0]
@@ -166,7 +170,7 @@ def reduce_configs(
         old = np.take_along_axis(exact_arg, idx, axis=0)[0]
         np.put_along_axis(exact_arg, idx, np.where(better, c, old)[None], axis=0)
     best = np.empty((rows, num_layers, num_layers, num_submeshes))
-    arg = np.zeros(best.shape, dtype=np.int64)
+    arg = np.zeros(best.shape, dtype=np.int16)
     best[rows - 1], arg[rows - 1] = exact[rows], exact_arg[rows]
     for q in range(rows - 2, -1, -1):  # allowed with q followers: any level >= q
         take = exact[q + 1] < best[q + 1]
@@ -176,39 +180,44 @@ def reduce_configs(
 
 
 def solve_bound(table: _Table, t_max: float, combine: str = "sum") -> list[Stage] | None:
-    """Alpa's recurrence under `t_max`: the least-sum plan (or least-max, `combine="max"`)."""
+    """Alpa's recurrence under `t_max`: the least-sum plan (or least-max, `combine="max"`).
+
+    Vectorised over stage counts, next-stage starts and device counts; loops over the first
+    layer and the submesh. Only values are kept; the plan is recovered by recomputing the
+    few states on its path.
+    """
     best, sizes, devices = table.best, table.sizes, table.num_devices
     rows, num_layers = best.shape[0], best.shape[1]
     off = devices  # device axis offset so that `d - devices(m) < 0` reads inf
     width = off + devices + 1
-    # f[r]: r stages (row `rows` = every count >= rows); prev[r] feeds target row r + 1.
+    # f[r]: r stages (row `rows` = every count >= rows); prev[r] feeds target row r + 1:
+    # prev[r] = f[r] except prev[rows - 1] = min(f[rows - 1], f[rows]).
     f = np.full((rows + 1, num_layers + 1, width), np.inf)
     f[0, num_layers, off] = 0.0
     prev = np.full((rows, num_layers + 1, width), np.inf)
     prev[0, num_layers, off] = 0.0
-    from_bucket = np.zeros((num_layers + 1, width), dtype=bool)
-    arg_k = np.zeros((rows + 1, num_layers + 1, devices + 1), dtype=np.int32)
-    arg_m = np.zeros((rows + 1, num_layers + 1, devices + 1), dtype=np.int32)
     op = np.add if combine == "sum" else np.maximum
+    allowed = np.where(best <= t_max, best, np.inf)
+    finite: NDArray[np.bool_] = np.isfinite(allowed)
+    # Per (first layer, submesh): how many memory rows and which ends have a usable stage.
+    row_count = finite.any(axis=2).sum(axis=0)  # [i, m]; rows are nested, so a count
+    ends = np.asarray(finite.any(axis=0))  # [i, e, m]
+    first_end = ends.argmax(axis=1)
+    last_end = num_layers - 1 - ends[:, ::-1, :].argmax(axis=1)
+    buf = np.empty((rows, num_layers, devices + 1))
+    low = np.empty((rows, devices + 1))
     for i in range(num_layers - 1, -1, -1):
-        g = best[:, i, i:, :]  # [rows, L - i, S]; end e = i.. ↔ next start k = e + 1
-        g = np.where(g <= t_max, g, np.inf)
-        top = np.full((rows, devices + 1), np.inf)
-        top_k = np.zeros((rows, devices + 1), dtype=np.int32)
-        top_m = np.zeros((rows, devices + 1), dtype=np.int32)
-        for sub in np.flatnonzero(np.isfinite(g).any(axis=(0, 1))).tolist():
-            n = int(sizes[sub])
-            cand = op(prev[:, i + 1 :, off - n : off - n + devices + 1], g[:, :, sub, None])
-            k = cand.argmin(axis=1)
-            val = np.take_along_axis(cand, k[:, None, :], axis=1)[:, 0, :]
-            better = val < top
-            top = np.where(better, val, top)
-            top_k = np.where(better, k + i + 1, top_k)
-            top_m = np.where(better, sub, top_m)
-        f[1:, i, off:] = top
-        arg_k[1:, i], arg_m[1:, i] = top_k, top_m
+        nr = min(rows, num_layers - i)  # at most L - i stages start at layer i
+        top = np.full((nr, devices + 1), np.inf)
+        for sub in np.flatnonzero(row_count[i]).tolist():
+            n, use = int(sizes[sub]), min(nr, int(row_count[i, sub]))
+            e0, e1 = int(first_end[i, sub]), int(last_end[i, sub]) + 1
+            cand = buf[:use, : e1 - e0]
+            g = allowed[:use, i, e0:e1, sub, None]  # ends e0.. <-> next starts e0 + 1..
+            op(prev[:use, e0 + 1 : e1 + 1, off - n : off - n + devices + 1], g, out=cand)
+            np.minimum(top[:use], cand.min(axis=1, out=low[:use]), out=top[:use])
+        f[1 : nr + 1, i, off:] = top
         prev[: rows - 1, i] = f[: rows - 1, i]
-        from_bucket[i] = f[rows, i] < f[rows - 1, i]
         prev[rows - 1, i] = np.minimum(f[rows - 1, i], f[rows, i])
     final = f[1:, 0, off + devices]
     if not np.isfinite(final).any():
@@ -216,10 +225,19 @@ def solve_bound(table: _Table, t_max: float, combine: str = "sum") -> list[Stage
     r, i, d = int(final.argmin()) + 1, 0, devices
     stages: list[Stage] = []
     while i < num_layers:
-        k, m = int(arg_k[r, i, d]), int(arg_m[r, i, d])
+        # the (next start, submesh) that produced f[r, i, d], recomputed as in the loop
+        before = prev[r - 1][i + 1 :, np.maximum(off + d - sizes, 0)]  # [L - i, S]
+        values = op(before, allowed[r - 1, i, i:, :])
+        flat = int(values.argmin())
+        k, m = i + 1 + flat // values.shape[1], flat % values.shape[1]
+        if values.flat[flat] != f[r, i, off + d]:
+            raise AssertionError(f"DP backtrack lost the optimum at layer {i}")
         stages.append((i, k - 1, m, int(table.arg[r - 1, i, k - 1, m])))
         d -= int(sizes[m])
-        r = rows if r == rows and from_bucket[k, off + d] else r - 1
+        if r == rows and f[rows, k, off + d] < f[rows - 1, k, off + d]:
+            r = rows  # the bucket row ">= rows stages" fed itself
+        else:
+            r -= 1
         i = k
     if r != 0 or d != 0:
         raise AssertionError(f"DP backtrack ended at row {r} with {d} devices left")
@@ -256,32 +274,76 @@ def training_dp(
         compute_cost, max_n_succ_stages, submesh_choices, num_devices
     )
     table = reduce_configs(cost, mns, sizes, num_devices)
-    bounds = np.unique(table.best[np.isfinite(table.best)])
-    best_cost, best_stages, solved = math.inf, [], 0
-    t_max = math.inf
-    while True:
-        stages = solve_bound(table, t_max)
-        solved += 1
+    walk = _BoundSearch(table, num_microbatches)
+    walk.run()
+    logger.debug("training_dp: %d bounds solved, cost %s", walk.solved, walk.best_cost)
+    return DPResult(cost=walk.best_cost, stages=walk.best_stages, num_bounds_solved=walk.solved)
+
+
+class _BoundSearch:
+    """The walk over the bounds `t_max` (the distinct stage costs, `values`), top down.
+
+    Solving at `t` gives a plan with least sum `S` and largest stage `M <= t`; every bound in
+    `[M, t]` has that least sum, so the walk goes on below `M`. A plan whose largest stage is
+    `v` and that lies below a solved bound costs at least `S + (B-1) * v` and at least
+    `B * v` (Alpa's stop rule), so only bounds `v` under both limits are worth solving; and
+    none lies below the least largest stage of any plan (one max-plus solve).
+    """
+
+    def __init__(self, table: _Table, num_microbatches: int) -> None:
+        self.table = table
+        self.micro = num_microbatches
+        self.values = np.unique(table.best[np.isfinite(table.best)])
+        self.best_cost = math.inf
+        self.best_stages: list[Stage] = []
+        self.solved = 0
+
+    def solve(self, t_max: float, combine: str = "sum") -> tuple[float, float] | None:
+        """Solve one bound; keep its plan if best; return (sum, max) of the plan or None."""
+        stages = solve_bound(self.table, t_max, combine)
+        self.solved += 1
         if stages is None:
-            break
-        costs = stage_costs(cost, stages)
-        value = pipeline_cost(costs, num_microbatches)
-        if value < best_cost:
-            best_cost, best_stages = value, stages
-        # Every bound in [max(costs), t_max] gives the same least sum: go below it, and below
-        # best / B (a plan whose largest stage is t costs at least B * t).
-        idx = min(
-            int(np.searchsorted(bounds, max(costs), side="left")),
-            int(np.searchsorted(bounds, best_cost / num_microbatches, side="right")),
-        )
-        idx -= 1
-        while idx >= 0 and bounds[idx] * num_microbatches >= best_cost:
+            return None
+        costs = stage_costs(self.table.cost, stages)
+        value = pipeline_cost(costs, self.micro)
+        if value < self.best_cost:
+            self.best_cost, self.best_stages = value, stages
+        return sum(costs), max(costs)
+
+    def promising(self, least_sum: float) -> int:
+        """Index of the largest bound `v` with `least_sum + (B-1) v` and `B v` below the best."""
+        b, best = self.micro, self.best_cost
+        limit = best / b if b == 1 else min(best / b, (best - least_sum) / (b - 1))
+        idx = int(np.searchsorted(self.values, limit, side="right")) - 1
+        while idx >= 0:
+            v = float(self.values[idx])
+            if least_sum + (b - 1) * v < best and b * v < best:
+                break
             idx -= 1
-        if idx < 0:
-            break
-        t_max = float(bounds[idx])
-    logger.debug("training_dp: %d bounds solved, cost %s", solved, best_cost)
-    return DPResult(cost=best_cost, stages=best_stages, num_bounds_solved=solved)
+        return idx
+
+    def run(self) -> None:
+        top = self.solve(math.inf)
+        if top is None:
+            return
+        least_sum, largest = top
+        hi = int(np.searchsorted(self.values, largest, side="left")) - 1
+        lo = -1  # unknown until the max-plus solve
+        while True:
+            hi = min(hi, self.promising(least_sum))
+            if hi < max(lo, 0):
+                return
+            if lo < 0:
+                floor = self.solve(math.inf, combine="max")
+                if floor is None:
+                    raise AssertionError("a plan exists but the max-plus solve found none")
+                lo = int(np.searchsorted(self.values, floor[1], side="left"))
+                continue
+            found = self.solve(float(self.values[hi]))
+            if found is None:
+                return
+            least_sum, largest = found
+            hi = min(hi, int(np.searchsorted(self.values, largest, side="left"))) - 1
 
 
 def inference_dp(
