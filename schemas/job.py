@@ -31,6 +31,7 @@ class Progress(Frozen):
     cached: int = Field(0, ge=0, description="Of those, reused from a stored profile.")
     failed: int = Field(0, ge=0, description="Of those, with a status other than ok.")
     measured: int = Field(0, ge=0, description="Distinct stages measured by this job.")
+    distinct_stages: int = Field(0, ge=0, description="Distinct stage fingerprints in the job.")
 
 
 class Job(Frozen):

@@ -226,15 +226,24 @@ def refresh_progress(session: Session, *, job_id: str) -> Progress:
         func.count().filter(and_(recorded, c.reused.is_(True))),
         func.count().filter(and_(recorded, c.status != "ok")),
         func.count(func.distinct(c.fingerprint)).filter(and_(recorded, c.reused.is_(False))),
+        func.count(func.distinct(c.fingerprint)),
     ).where(c.job_id == job_id)
-    total, done, cached, failed, measured = session.execute(stmt).one()
+    total, done, cached, failed, measured, distinct = session.execute(stmt).one()
+    progress = Progress(
+        total=total,
+        done=done,
+        cached=cached,
+        failed=failed,
+        measured=measured,
+        distinct_stages=distinct,
+    )
     session.execute(
         update(JobRow)
         .where(JobRow.id == job_id)
-        .values(total=total, done=done, cached=cached, failed=failed, measured=measured)
+        .values(**progress.model_dump())
         .execution_options(synchronize_session=False)
     )
-    return Progress(total=total, done=done, cached=cached, failed=failed, measured=measured)
+    return progress
 
 
 def job_to_schema(session: Session, row: JobRow) -> Job:
@@ -258,6 +267,7 @@ def job_to_schema(session: Session, row: JobRow) -> Job:
             cached=row.cached,
             failed=row.failed,
             measured=row.measured,
+            distinct_stages=row.distinct_stages,
         ),
         error=row.error,
         lease_owner=row.lease_owner,

@@ -81,6 +81,7 @@ def upgrade() -> None:
         sa.Column("cached", sa.Integer(), nullable=False),
         sa.Column("failed", sa.Integer(), nullable=False),
         sa.Column("measured", sa.Integer(), nullable=False),
+        sa.Column("distinct_stages", sa.Integer(), nullable=False),
         sa.Column("lease_owner", sa.String(length=128), nullable=True),
         sa.Column("lease_expires_at", store.base.UTCDateTime(timezone=True), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),

@@ -132,6 +132,7 @@ def test_progress_counts_from_candidates(session: Session) -> None:
     progress = refresh_progress(session, job_id=job.id)
     assert progress.total == 4 and progress.done == 4
     assert progress.cached == 1 and progress.failed == 1 and progress.measured == 2
+    assert progress.distinct_stages == 3
     session.refresh(job)
     assert job_to_schema(session, job).progress == progress
 
