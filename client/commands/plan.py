@@ -5,10 +5,8 @@ Embedded by default (a SQLite file, a local Ray, JAX on virtual CPU devices); wi
 """
 
 import argparse
-import json
 import sys
 import time
-from typing import Any
 
 from client.commands.worker import add_runner_arguments, runner_config
 from client.commands.zoo_args import add_model_arguments, load_model, parse_overrides
@@ -109,7 +107,12 @@ def _one_line(err: Exception) -> str:
 def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
     from rich.console import Console
 
-    from client.commands.plan_output import print_plan, progress_bar, write_report
+    from client.commands.plan_output import (
+        print_json_line,
+        print_plan,
+        progress_bar,
+        write_report,
+    )
     from migrations import upgrade
     from store import (
         create_job,
@@ -153,19 +156,16 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
     if outcome.plan is None:
         console.print(f"[red]job {job_id} {outcome.status.value}:[/] {outcome.error}")
         if args.json:
-            _print_json({"job_id": job_id, "plan": None, "stats": stats, "error": outcome.error})
+            print_json_line(
+                {"job_id": job_id, "plan": None, "stats": stats, "error": outcome.error}
+            )
         return 1
     print_plan(console, spec, outcome.plan, stats)
     if args.report:
         write_report(args.report, sessions, job_id)
         console.print(f"report written to [bold]{args.report}[/]")
     if args.json:
-        _print_json(
+        print_json_line(
             {"job_id": job_id, "plan": outcome.plan.model_dump(mode="json"), "stats": stats}
         )
     return 0
-
-
-def _print_json(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()

@@ -1,5 +1,7 @@
 """What `stageprof plan` shows: a live progress bar, the plan beside its baselines, a report."""
 
+import json
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,6 +97,12 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
         f"{stats['measured']} measured, {stats['reused']} reused, {stats['failed']} failed; "
         f"DP {plan.dp_wall_seconds * 1e3:.1f} ms; total {stats['wall_seconds']:.1f} s"
     )
+
+
+def print_json_line(obj: dict[str, Any]) -> None:
+    """One JSON object on one line of stdout: the last thing `--json` prints."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
 
 
 def write_report(path: str, sessions: Any, job_id: str) -> None:

@@ -1,0 +1,63 @@
+"""`stageprof plan --server URL`: the same job through a running stageprof server."""
+
+import argparse
+import sys
+import time
+
+from rich.console import Console
+
+from client.commands.plan_output import print_json_line, print_plan, progress_bar
+from client.commands.zoo_args import parse_overrides
+from client.sdk import ApiError, StageprofClient
+from schemas import ClusterSpec, ModelSpec, PlanOptions, PlanRequest, ZooRef
+
+
+def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
+    """Submit the job, follow its progress, print the plan (or why there is none)."""
+    console = Console(stderr=args.json)
+    if not console.is_terminal:
+        console.width = max(console.width, 120)
+    started = time.monotonic()
+    if args.model is not None:
+        spec = ModelSpec.model_validate_json(args.model.read_text())
+        request = PlanRequest(model=spec, cluster=cluster, options=options)
+    else:
+        zoo = ZooRef(name=args.zoo, config=parse_overrides(args.overrides))
+        request = PlanRequest(zoo=zoo, cluster=cluster, options=options)
+    with StageprofClient(args.server, token=args.token) as api:
+        try:
+            job_id = api.submit_plan(request).job_id
+        except ApiError as err:
+            print(f"stageprof plan: the server refused the request: {err}", file=sys.stderr)
+            return 2
+        console.print(f"[bold]stageprof[/] job {job_id} queued at {args.server}")
+        with progress_bar(console) as on_progress:
+            while True:
+                job = api.get_job(job_id)
+                on_progress(job.progress, None)
+                if job.status.finished:
+                    break
+                time.sleep(1.0)
+        progress = job.progress
+        stats = {
+            "candidates": progress.total,
+            "distinct_stages": progress.distinct_stages,
+            "measured": progress.measured,
+            "reused": progress.distinct_stages - progress.measured,
+            "failed": progress.failed,
+            "wall_seconds": round(time.monotonic() - started, 3),
+        }
+        if not job.has_plan:
+            console.print(f"[red]job {job_id} {job.status.value}:[/] {job.error}")
+            if args.json:
+                print_json_line(
+                    {"job_id": job_id, "plan": None, "stats": stats, "error": job.error}
+                )
+            return 1
+        plan = api.get_plan(job_id)
+        spec = api.get_model(job.model_id) if job.model_id else None
+    if spec is not None:
+        print_plan(console, spec, plan, stats)
+    if args.json:
+        print_json_line({"job_id": job_id, "plan": plan.model_dump(mode="json"), "stats": stats})
+    return 0
