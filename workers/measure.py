@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from planner import enumerate_candidates
 from schemas import (
     ClusterSpec,
     ModelSpec,
@@ -24,6 +25,7 @@ from schemas import (
     SubmeshShape,
     max_n_succ_stages,
 )
+from workers.compose import compose_stage
 from workers.fingerprint import stage_fingerprint
 from workers.hlo_stats import collective_bytes
 from workers.memory import estimate_initial_bytes, module_memory
@@ -200,68 +202,90 @@ def measure_stage_on(
     key: StageKey | None = None,
 ) -> StageProfileResult:
     """Measure layers start..end on the first `submesh.num_devices` of `devices` (default
-    `jax.devices()`) under `config`. Candidate failures come back as the result's status."""
-    # Imported here: compose belongs to the models work and loads layer programs.
-    from workers.compose import compose_stage
+    `jax.devices()`) under `config`. Never raises for the candidate: every failure (oom,
+    compile_error, runtime_error, timeout) is the result's status, with the error text.
 
-    deadline = Deadline(options.candidate_timeout_s)
+    The timeout is checked between phases and runs (an XLA compile cannot be interrupted
+    in-process); a hard limit is the runner's, which kills the worker."""
     all_devices = list(jax.devices() if devices is None else devices)
     stage_devices = all_devices[: submesh.num_devices]
     device_kind = stage_devices[0].device_kind if stage_devices else cluster.device_kind
-    available = _available_memory(stage_devices, cluster)
-    measured = _Measured()
-    base = dict(
-        fingerprint=stage_fingerprint(
-            spec, start, end, submesh, config, device_kind, jax.__version__, options
-        ),
+    base: dict[str, Any] = dict(
+        fingerprint="",
         key=key,
         submesh=submesh,
         config=config,
-        num_layers=end - start + 1,
-        available_memory=available,
+        num_layers=max(1, end - start + 1),
+        available_memory=_available_memory(stage_devices, cluster),
         device_kind=device_kind,
         jax_version=jax.__version__,
     )
+    measured = _Measured()
     try:
-        if not 0 <= start <= end < spec.num_layers:
-            raise CandidateFailure(
-                ProfileStatus.compile_error,
-                f"layers {start}..{end} are outside the model's {spec.num_layers} layers",
-            )
-        if len(stage_devices) < submesh.num_devices:
-            raise CandidateFailure(
-                ProfileStatus.runtime_error,
-                f"submesh {submesh} needs {submesh.num_devices} devices but this process has "
-                f"{len(all_devices)} ({device_kind}); start it with more (XLA_FLAGS="
-                "--xla_force_host_platform_device_count=N on CPU)",
-            )
-        with _failing_as(ProfileStatus.compile_error, "building the logical mesh"):
-            mesh = make_mesh(stage_devices, config)
-        with _failing_as(ProfileStatus.compile_error, "composing the stage"):
-            program = compose_stage(spec, start, end)
-        deadline.check("compose")
-        shardings = stage_shardings(mesh, config, program.params, program.inputs)
-        measured.input_shardings = shardings.describe(program.params, program.inputs)
-        estimate = estimate_initial_bytes(program.params, shardings.params, options.optimizer)
-        if estimate > available:
-            raise CandidateFailure(
-                ProfileStatus.oom,
-                f"parameters and {options.optimizer} state need {estimate} B per device, "
-                f"more than the {available} B available; not compiled",
-                estimate_bytes=estimate,
-            )
-        modules = StageModules(
-            program, shardings, options.optimizer, no_grad={v.name for v in spec.inputs}
+        base["fingerprint"] = stage_fingerprint(
+            spec, start, end, submesh, config, device_kind, jax.__version__, options
         )
-        _compile(modules, measured, deadline, available)
-        _run(modules, measured, options, deadline)
+        _measure(spec, start, end, stage_devices, base, measured, options)
     except CandidateTimeout as err:
         logger.info("candidate %s..%s %s %s: %s", start, end, submesh, config.label(), err)
         return _result(base, measured, ProfileStatus.timeout, str(err))
     except CandidateFailure as err:
         logger.info("candidate %s..%s %s %s: %s", start, end, submesh, config.label(), err)
         return _result(base, measured, err.status, str(err), err.estimate_bytes)
+    except Exception as err:  # a bug of ours must not end the caller's loop either
+        logger.exception("candidate %s..%s %s %s failed", start, end, submesh, config.label())
+        return _result(
+            base, _Measured(), ProfileStatus.runtime_error, f"{type(err).__name__}: {err}"
+        )
     return _result(base, measured, ProfileStatus.ok, None)
+
+
+def _measure(
+    spec: ModelSpec,
+    start: int,
+    end: int,
+    devices: list[jax.Device],
+    base: dict[str, Any],
+    measured: _Measured,
+    options: PlanOptions,
+) -> None:
+    """The phases, in order; raises CandidateFailure / CandidateTimeout to stop."""
+    deadline = Deadline(options.candidate_timeout_s)
+    submesh: SubmeshShape = base["submesh"]
+    config: ShardingConfig = base["config"]
+    available: int = base["available_memory"]
+    if not 0 <= start <= end < spec.num_layers:
+        raise CandidateFailure(
+            ProfileStatus.compile_error,
+            f"layers {start}..{end} are outside the model's {spec.num_layers} layers",
+        )
+    if len(devices) < submesh.num_devices:
+        raise CandidateFailure(
+            ProfileStatus.runtime_error,
+            f"submesh {submesh} needs {submesh.num_devices} devices but this process has "
+            f"{len(devices)} ({base['device_kind']}); start it with more (XLA_FLAGS="
+            "--xla_force_host_platform_device_count=N on CPU)",
+        )
+    with _failing_as(ProfileStatus.compile_error, "building the logical mesh"):
+        mesh = make_mesh(devices, config)
+    with _failing_as(ProfileStatus.compile_error, "composing the stage"):
+        program = compose_stage(spec, start, end)
+    deadline.check("compose")
+    shardings = stage_shardings(mesh, config, program.params, program.inputs)
+    measured.input_shardings = shardings.describe(program.params, program.inputs)
+    estimate = estimate_initial_bytes(program.params, shardings.params, options.optimizer)
+    if estimate > available:
+        raise CandidateFailure(
+            ProfileStatus.oom,
+            f"parameters and {options.optimizer} state need {estimate} B per device, "
+            f"more than the {available} B available; not compiled",
+            estimate_bytes=estimate,
+        )
+    modules = StageModules(
+        program, shardings, options.optimizer, no_grad={v.name for v in spec.inputs}
+    )
+    _compile(modules, measured, deadline, available)
+    _run(modules, measured, options, deadline)
 
 
 def _result(
@@ -308,10 +332,9 @@ def measure_stage(
     devices: Sequence[jax.Device] | None = None,
 ) -> StageProfileResult:
     """Measure candidate `key` of `spec` on `cluster`: its submesh and config are the
-    planner's choices `key.submesh_id` / `key.config_id`. Candidate failures are results;
-    a key outside the planner's choices raises ValueError (a caller bug, not a candidate)."""
-    from planner import enumerate_candidates
-
+    planner's choices `key.submesh_id` / `key.config_id`. Candidate failures are results
+    (see `measure_stage_on`); a key outside the planner's choices raises IndexError and
+    options that disagree with the spec ValueError (caller bugs, not candidates)."""
     submesh, config = enumerate_candidates(spec, cluster, options).resolve(key)
     return measure_stage_on(
         spec, key.start, key.end, submesh, config, cluster, options, devices=devices, key=key

@@ -302,3 +302,22 @@ def test_logical_mesh_that_does_not_fit_the_submesh(mlp: ModelSpec) -> None:
     r = measure(mlp, 0, 1, 2, (4, 1), "data")
     assert r.status == ProfileStatus.compile_error
     assert "needs 4 devices, the submesh has 2" in (r.error or "")
+
+
+def test_an_unexpected_error_is_still_a_result(
+    mlp: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(measure_mod, "stage_shardings", broken)
+    r = measure(mlp, 0, 1, 2, (2, 1), "data")
+    assert r.status == ProfileStatus.runtime_error
+    assert "KeyError" in (r.error or "")
+
+
+def test_a_range_outside_the_model_is_a_result(mlp: ModelSpec) -> None:
+    for start, end in [(1, 0), (0, 5)]:
+        r = measure(mlp, start, end, 2, (2, 1), "data")
+        assert r.status == ProfileStatus.compile_error
+        assert "outside the model" in (r.error or "")
