@@ -31,6 +31,8 @@ def fmt_seconds(v: float | None) -> str:
     """0.00123 -> '1.23 ms'; None -> '–'."""
     if v is None:
         return "–"
+    if v == 0:
+        return "0"
     if v >= 1:
         return f"{v:.3g} s"
     if v >= 1e-3:

@@ -36,6 +36,7 @@
 
   SP.fmtSeconds = function (v) {
     if (v === null || v === undefined) return "–";
+    if (v === 0) return "0";
     if (v >= 1) return v.toPrecision(3) + " s";
     if (v >= 1e-3) return (v * 1e3).toPrecision(3) + " ms";
     return (v * 1e6).toPrecision(3) + " µs";

@@ -13,13 +13,13 @@
       box.append(SP.el("p", { class: "muted", text: "No candidates yet." }));
       return;
     }
-    const cell = Math.max(8, Math.min(36, Math.floor(620 / L)));
+    const cell = Math.max(8, Math.min(44, Math.floor(640 / L)));
     const left = 96, top = 64, legendW = 220;
-    const width = left + L * cell + 40;
+    const width = Math.max(left + L * cell + 40, left + legendW + 230);
     const height = top + L * cell + 70;
     const svg = SP.svg("svg", {
-      id: "heatmap-svg", class: "heatmap", width: Math.max(width, left + legendW + 40), height: height,
-      viewBox: "0 0 " + Math.max(width, left + legendW + 40) + " " + height, role: "img",
+      id: "heatmap-svg", class: "heatmap", width: width, height: height,
+      viewBox: "0 0 " + width + " " + height, role: "img",
       "aria-label": "Stage cost heatmap for " + matrix.label,
     });
     const costs = [];
@@ -76,9 +76,9 @@
     }
     SP.svg("rect", { x: x + w + 16, y: y, width: 10, height: 10, fill: FAILED }, svg);
     SP.svg("text", { x: x + w + 30, y: y + 9, class: "tick", text: "failed" }, svg);
-    SP.svg("rect", { x: x + w + 80, y: y, width: 10, height: 10, class: "heat-cell pending", fill: "#ffffff" }, svg);
+    SP.svg("rect", { x: x + w + 80, y: y, width: 10, height: 10, class: "legend-swatch pending", fill: "#ffffff" }, svg);
     SP.svg("text", { x: x + w + 94, y: y + 9, class: "tick", text: "pending" }, svg);
-    SP.svg("rect", { x: x + w + 154, y: y, width: 10, height: 10, class: "plan-cell" }, svg);
+    SP.svg("rect", { x: x + w + 154, y: y, width: 10, height: 10, class: "legend-swatch plan" }, svg);
     SP.svg("text", { x: x + w + 168, y: y + 9, class: "tick", text: "plan" }, svg);
   }
 

@@ -197,7 +197,7 @@ def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
         bubble_fraction=schedule.bubble_fraction,
         dp_wall_seconds=0.0021,
         baselines=[
-            BaselinePlan(name="data_parallel", iteration_time_s=whole * num_microbatches),
+            BaselinePlan(name="data_parallel", iteration_time_s=1.5 * whole * num_microbatches),
             BaselinePlan(name="uniform_3", reason="3 stages do not fit 2 devices"),
         ],
         schedule=schedule.events,

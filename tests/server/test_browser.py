@@ -1,0 +1,101 @@
+"""Headless Chromium opens a finished job's page: the plan table, heatmap and Gantt are drawn.
+
+Uses Debian's `chromium` directly (scripts/ensure_chromium.sh installs it); the screenshot
+is saved as artifacts/job_page.png.
+"""
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from migrations import upgrade
+from server import Settings
+from store import make_engine, make_sessionmaker
+from tests.server.factories import SeededJob, seed_job
+from tests.server.live import LiveServer
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+CHROMIUM_TIMEOUT_S = 120
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--virtual-time-budget=5000",
+]
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("chromium is missing: run scripts/ensure_chromium.sh (make test does)")
+    return path
+
+
+def run_chromium(profile: Path, *args: str) -> str:
+    out = subprocess.run(
+        [chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=CHROMIUM_TIMEOUT_S,
+        check=True,
+    )
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def finished_job(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LiveServer, SeededJob]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'stageprof.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    factory: sessionmaker[Session] = make_sessionmaker(engine)
+    job = seed_job(factory, num_layers=8, num_microbatches=6)
+    with LiveServer(Settings(database_url=url)) as srv:
+        yield srv, job
+    engine.dispose()
+
+
+def test_job_page_draws_plan_heatmap_and_gantt(
+    finished_job: tuple[LiveServer, SeededJob], tmp_path: Path
+) -> None:
+    srv, job = finished_job
+    assert job.plan is not None
+    page = f"{srv.url}/jobs/{job.job_id}"
+    dom = run_chromium(tmp_path / "dom", "--dump-dom", page)
+
+    plan_table = re.search(r'<table[^>]*id="plan-stages".*?</table>', dom, re.S)
+    assert plan_table is not None
+    assert plan_table.group(0).count("<tr>") == 1 + len(job.plan.stages)
+    assert 'id="heatmap-svg"' in dom
+    # 8 layers: 36 (start, end) cells in the selected submesh/config, one of them failed.
+    assert len(re.findall(r'class="heat-cell (?:ok|failed|pending)"', dom)) == 36
+    assert len(re.findall(r'class="heat-cell failed"', dom)) == 1
+    assert len(re.findall(r'class="plan-cell"', dom)) == len(job.plan.stages)
+    assert dom.count("<option") >= 3 + 3  # the heatmap selector lists every submesh/config
+    assert 'id="gantt-svg"' in dom
+    bars = re.findall(r'class="gantt-bar (fwd|bwd)"', dom)
+    assert len(bars) == len(job.plan.schedule) == 2 * 2 * 6
+    assert bars.count("fwd") == bars.count("bwd")
+    rows = re.search(r'<table[^>]*id="profile-table".*?</table>', dom, re.S)
+    assert rows is not None and rows.group(0).count("<tr>") == 1 + 50  # first page of 50
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "job_page.png"
+    shot.unlink(missing_ok=True)
+    run_chromium(tmp_path / "shot", f"--screenshot={shot}", "--window-size=1400,1800", page)
+    assert shot.stat().st_size > 20_000
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
