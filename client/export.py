@@ -26,7 +26,15 @@ def slice_jaxpr(
     effects: set[object] = set()
     for eqn in eqns:
         effects |= set(eqn.effects)
-    jaxpr = core.Jaxpr(constvars, invars, outvars, eqns, effects=frozenset(effects))
+    debug = core.DebugInfo(
+        "stageprof layer",
+        "layer",
+        tuple(f"arg{i}" for i in range(len(invars))),
+        tuple(f"result{i}" for i in range(len(outvars))),
+    )
+    jaxpr = core.Jaxpr(
+        constvars, invars, outvars, eqns, effects=frozenset(effects), debug_info=debug
+    )
     return core.ClosedJaxpr(jaxpr, list(consts))
 
 

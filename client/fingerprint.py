@@ -12,7 +12,7 @@ from schemas import LayerSpec, VarSpec
 
 # Object addresses (e.g. in the repr of a custom_jvp rule) and source locations.
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-_LOCATION = re.compile(r"\s*#\s*loc\(.*?\)$|\s*\[?\S+\.py:\d+(:\d+)?\]?", re.MULTILINE)
+_LOCATION = re.compile(r"\s*#?\s*\[?[^\s\[\]]+\.py:\d+(:\d+)?\]?|\s*loc\(.*?\)$", re.MULTILINE)
 _SPACES = re.compile(r"[ \t]+")
 _VAR = re.compile(r"\b[a-z]+\b(?=:)")
 

@@ -22,6 +22,7 @@ DEFAULTS = {
 
 # Residual blocks per stage, and whether blocks are bottlenecks (flax / Alpa model_configs).
 STAGES: dict[int, tuple[tuple[int, ...], bool]] = {
+    10: ((1, 1, 1, 1), False),
     18: ((2, 2, 2, 2), False),
     34: ((3, 4, 6, 3), False),
     50: ((3, 4, 6, 3), True),

@@ -1,0 +1,60 @@
+"""Round-trip checks shared by the client and compose tests."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from client.tracing import path_name
+from schemas import ModelSpec
+from workers.compose import compose_stage
+
+
+def by_name(tree: Any) -> dict[str, jax.Array]:
+    """A params pytree as {spec param name: value}."""
+    return {path_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def composed_loss_and_grads(
+    spec: ModelSpec, params: Any, batch: dict[str, jax.Array], cuts: tuple[int, ...] = ()
+) -> tuple[float, dict[str, np.ndarray]]:
+    """Loss and gradients of the spec run as stages split before each layer in `cuts`."""
+    bounds = [0, *cuts, spec.num_layers]
+    stages = [compose_stage(spec, lo, hi - 1) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    names = list(dict.fromkeys(p.name for s in stages for p in s.params))
+    named = by_name(params)
+
+    def loss(values: list[jax.Array]) -> jax.Array:
+        env = dict(zip(names, values, strict=True)) | dict(batch)
+        for stage in stages:
+            outs = stage.fn(
+                [env[p.name] for p in stage.params], [env[v.name] for v in stage.inputs]
+            )
+            env.update(zip((v.name for v in stage.outputs), outs, strict=True))
+        return env[spec.loss]
+
+    value, grads = jax.jit(jax.value_and_grad(loss))([named[n] for n in names])
+    return float(value), {n: np.asarray(g) for n, g in zip(names, grads, strict=True)}
+
+
+def assert_roundtrip(
+    spec: ModelSpec,
+    loss_fn: Callable[[Any, Any], jax.Array],
+    params: Any,
+    batch: dict[str, jax.Array],
+    cuts: tuple[int, ...] = (),
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+) -> None:
+    """The composed spec's loss and gradients equal `loss_fn`'s (every used param checked)."""
+    value, grads = composed_loss_and_grads(spec, params, batch, cuts)
+    expected, expected_grads = jax.jit(jax.value_and_grad(loss_fn))(params, batch)
+    np.testing.assert_allclose(value, float(expected), rtol=rtol, atol=atol)
+    expected_named = by_name(expected_grads)
+    assert grads, "the spec has no parameters"
+    for name, g in grads.items():
+        want = np.asarray(expected_named[name])
+        # Float32 sums reorder across layer boundaries: allow rtol of the gradient's scale.
+        tol = atol + rtol * float(np.max(np.abs(want), initial=0.0))
+        np.testing.assert_allclose(g, want, rtol=rtol, atol=tol, err_msg=name)
