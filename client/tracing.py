@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax.extend import core
 
-from client.cluster import cluster_segments, cut_bytes
+from client.clustering import cluster_segments, cut_bytes
 from client.export import export_layer, layer_text, slice_jaxpr
 from client.fingerprint import fingerprint
 from client.flops import eqn_flops

@@ -108,6 +108,11 @@ def check_programs(spec: ModelSpec) -> list[str]:
             errors.append(f"{where}: cannot be deserialized by jax.export ({type(e).__name__})")
             continue
         declared_in = [("params", p) for p in layer.params] + [("inputs", v) for v in layer.inputs]
+        platform = jax.export.default_export_platform()
+        if platform not in exp.platforms:
+            errors.append(
+                f"{where}: exported for {list(exp.platforms)}, not for this worker's {platform!r}"
+            )
         if exp.nr_devices != 1:
             errors.append(f"{where}: exported for {exp.nr_devices} devices, expected 1")
         if not exp.has_vjp():

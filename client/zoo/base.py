@@ -8,6 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from schemas.model import MAX_LAYERS
+
 Config = dict[str, Any]
 
 
@@ -51,6 +53,12 @@ class ZooModel:
             config.update(self.presets[preset])
         for key, value in overrides.items():
             config[key] = _coerce(self.name, key, value, self.defaults[key])
+        # Checked before tracing: a spec has at most MAX_LAYERS layers (with embed and head).
+        if config.get("num_layers", 0) > MAX_LAYERS - 2:
+            raise ValueError(
+                f"{self.name}: num_layers must be at most {MAX_LAYERS - 2}, "
+                f"got {config['num_layers']}"
+            )
         return config
 
 

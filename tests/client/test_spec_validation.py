@@ -2,6 +2,7 @@
 
 import base64
 
+import jax
 import jax.numpy as jnp
 import pydantic
 import pytest
@@ -122,6 +123,16 @@ def test_program_argument_mismatch(doc: dict) -> None:
     assert check_programs(spec) == [
         "layers[0].program: argument 0 has dtype float32 but params[0] declares float16"
     ]
+
+
+def test_program_for_another_platform(doc: dict) -> None:
+    exported = jax.export.export(jax.jit(lambda w, x: (jnp.tanh(x @ w),)), platforms=["tpu"])(
+        jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((2, 4), jnp.float32)
+    )
+    layers = [dict(layer) for layer in doc["layers"]]
+    layers[0]["program"] = base64.b64encode(exported.serialize(vjp_order=1)).decode()
+    errors = check_programs(ModelSpec.model_validate({**doc, "layers": layers}))
+    assert errors == ["layers[0].program: exported for ['tpu'], not for this worker's 'cpu'"]
 
 
 def test_program_not_a_program(doc: dict) -> None:

@@ -134,6 +134,8 @@ def test_overrides_are_validated() -> None:
         zoo.build("gpt", num_layers="4")
     with pytest.raises(ValueError, match="must be >= 1"):
         zoo.build("gpt", num_layers=0)
+    with pytest.raises(ValueError, match="num_layers must be at most 1022"):
+        zoo.build("gpt", num_layers=2**24)
     with pytest.raises(ValueError, match="divisible by num_heads"):
         zoo.build("gpt", hidden_size=30, num_heads=4)
     with pytest.raises(ValueError, match="unknown zoo model 'bert'"):
