@@ -1,0 +1,112 @@
+"""The client SDK against the live server: schemas in, schemas out, errors as exceptions."""
+
+import threading
+import time
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from client.sdk import (
+    AuthError,
+    ConflictError,
+    InvalidRequest,
+    NotFoundError,
+    StageprofClient,
+)
+from schemas import ClusterSpec, JobStatus, PlanOptions
+from store import finish_job, session_scope
+from tests.server.factories import chain_spec, make_plan, seed_job
+from tests.server.live import LiveServer
+
+
+@pytest.fixture
+def sdk(api: httpx.Client, live_server: LiveServer) -> StageprofClient:
+    with StageprofClient(live_server.url, token="") as client:
+        yield client
+
+
+def test_models_and_plans(sdk: StageprofClient) -> None:
+    spec = chain_spec(num_layers=3)
+    ref = sdk.put_model(spec)
+    assert ref.created and ref.layer_fingerprints == ["chain-fp-0", "chain-fp-1", "chain-fp-2"]
+    assert sdk.put_model(spec).id == ref.id
+    stored = sdk.get_model(ref.id, programs=True)
+    assert stored.layers[0].program == spec.layers[0].program
+    job = sdk.submit_plan(
+        model_id=ref.id,
+        cluster=ClusterSpec(num_hosts=1, devices_per_host=2),
+        options=PlanOptions(num_microbatches=2),
+    )
+    assert job.status == JobStatus.queued and job.model_id == ref.id
+    zoo_job = sdk.submit_plan(zoo="gpt", zoo_config={"num_layers": 2})
+    got = sdk.get_job(zoo_job.job_id)
+    assert got.zoo is not None and got.zoo.config == {"num_layers": 2}
+    assert {j.id for j in sdk.list_jobs()} == {job.job_id, zoo_job.job_id}
+    assert [j.id for j in sdk.list_jobs(status=JobStatus.done)] == []
+    assert sdk.cancel_job(zoo_job.job_id).status == JobStatus.cancelled
+    with pytest.raises(ConflictError):
+        sdk.cancel_job(zoo_job.job_id)
+    with pytest.raises(ConflictError):
+        sdk.get_plan(job.job_id)
+
+
+def test_errors_carry_status_and_detail(sdk: StageprofClient) -> None:
+    with pytest.raises(NotFoundError) as e:
+        sdk.get_job("nope")
+    assert e.value.status_code == 404 and "nope" in e.value.detail
+    with pytest.raises(InvalidRequest) as e2:
+        sdk.submit_plan(zoo="gpt", zoo_config={"layers": 3})
+    assert e2.value.status_code == 422 and e2.value.detail[0]["field"] == "zoo.config.layers"
+
+
+def test_wait_for_job_and_plan(sdk: StageprofClient, db: sessionmaker[Session]) -> None:
+    seeded = seed_job(db, num_layers=4, finished=False)
+
+    def finish() -> None:
+        time.sleep(0.5)
+        with session_scope(db) as s:
+            plan = make_plan(4, 4, "fp")
+            finish_job(s, job_id=seeded.job_id, owner=None, status=JobStatus.done, plan=plan)
+
+    t = threading.Thread(target=finish)
+    t.start()
+    with pytest.raises(TimeoutError):
+        sdk.wait_for_job(seeded.job_id, timeout_s=0.1, poll_s=0.05)
+    job = sdk.wait_for_job(seeded.job_id, timeout_s=30, poll_s=0.1)
+    t.join()
+    assert job.status == JobStatus.done
+    assert sdk.get_plan(seeded.job_id).num_layers == 4
+    matrix = sdk.cost_matrix(seeded.job_id)
+    assert matrix["num_layers"] == 4 and len(matrix["matrices"]) == 3
+
+
+def test_profiles(sdk: StageprofClient, db: sessionmaker[Session]) -> None:
+    seeded = seed_job(db, num_layers=4)
+    page = sdk.list_profiles(job_id=seeded.job_id, limit=5, sort="-compute_cost")
+    assert len(page.items) == 5 and page.next_cursor
+    assert page.items[0]["compute_cost"] >= page.items[-1]["compute_cost"]
+    rows = list(sdk.iter_profiles(job_id=seeded.job_id))
+    assert len(rows) == seeded.num_candidates
+    failed = sdk.list_profiles(job_id=seeded.job_id, status=["oom", "compile_error"])
+    assert {r["status"] for r in failed.items} == {"oom", "compile_error"}
+    text = sdk.profiles_csv(job_id=seeded.job_id, limit=3)
+    assert text.splitlines()[0].startswith("id,job_id") and len(text.splitlines()) == 4
+    full = sdk.get_profile(rows[0]["fingerprint"])
+    assert full.fingerprint == rows[0]["fingerprint"]
+    assert sdk.health() == {"status": "ok", "database": "ok"}
+
+
+def test_token_from_the_environment(
+    db_url: str, db: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server import Settings
+
+    token = "sdk-test-token-0123456789abcdef"
+    with LiveServer(Settings(database_url=db_url, api_token=token)) as srv:
+        monkeypatch.delenv("STAGEPROF_API_TOKEN", raising=False)
+        with StageprofClient(srv.url) as anonymous, pytest.raises(AuthError):
+            anonymous.put_model(chain_spec(num_layers=2))
+        monkeypatch.setenv("STAGEPROF_API_TOKEN", token)
+        with StageprofClient(srv.url) as client:
+            assert client.put_model(chain_spec(num_layers=2)).created

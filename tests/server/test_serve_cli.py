@@ -1,0 +1,61 @@
+"""`stageprof serve` starts uvicorn with the app factory on a migrated database."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client.cli import build_parser
+
+START_TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_arguments() -> None:
+    args = build_parser().parse_args(["serve", "--port", "9001", "--workers", "3"])
+    assert (args.host, args.port, args.workers, args.no_migrate) == ("127.0.0.1", 9001, 3, False)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_runs_the_api(tmp_path: Path, workers: int) -> None:
+    port = free_port()
+    url = f"sqlite:///{tmp_path / 'served.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEPROF_")}
+    cmd = [sys.executable, "-m", "client.cli", "serve", "--port", str(port)]
+    cmd += ["--workers", str(workers), "--database-url", url, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "stageprof serve did not answer"
+                time.sleep(0.2)
+        assert r.json() == {"status": "ok", "database": "ok"}
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/plans", json={"zoo": "mlp", "config": {"preset": "tiny"}}
+        )
+        assert r.status_code == 202
+        jobs = httpx.get(f"http://127.0.0.1:{port}/v1/jobs").json()["items"]
+        assert [j["id"] for j in jobs] == [r.json()["job_id"]]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
