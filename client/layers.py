@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
+from jax.extend import core
 
 _INVALID = re.compile(r"[^A-Za-z0-9_.:/\-\[\]]")
 
@@ -60,3 +61,52 @@ def scope_segments(eqns: Sequence[Any]) -> list[tuple[str, int, int]]:
     if not segments:
         return [("layer0", 0, len(eqns))]
     return segments
+
+
+def _has_scopes(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        if top_scope(eqn) is not None:
+            return True
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
+        if inner is not None and _has_scopes(inner.jaxpr):
+            return True
+    return False
+
+
+_CALLS = ("jit", "pjit")
+
+
+def inline_scoped_calls(eqns: Sequence[Any], outvars: Sequence[Any]) -> tuple[list, list]:
+    """Inline unscoped `jit` calls whose bodies hold layer scopes (a jitted loss function),
+    so their layers can be cut; other calls stay whole. Returns (eqns, outvars)."""
+    subst: dict[Any, Any] = {}
+    out: list[Any] = []
+
+    def sub(env: dict[Any, Any], atom: Any) -> Any:
+        return env.get(atom, atom) if isinstance(atom, core.Var) else atom
+
+    for eqn in eqns:
+        invars = [sub(subst, v) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
+        if inner is None or inner.consts or top_scope(eqn) or not _has_scopes(inner.jaxpr):
+            out.append(eqn.replace(invars=invars))
+            continue
+        body, body_out = inline_scoped_calls(inner.jaxpr.eqns, inner.jaxpr.outvars)
+        local = dict(zip(inner.jaxpr.invars, invars, strict=True))
+        prefix = eqn.source_info.name_stack
+        for inner_eqn in body:
+            fresh = [
+                v if isinstance(v, core.DropVar) else core.Var(v.aval) for v in inner_eqn.outvars
+            ]
+            info = inner_eqn.source_info
+            out.append(
+                inner_eqn.replace(
+                    invars=[sub(local, v) for v in inner_eqn.invars],
+                    outvars=fresh,
+                    source_info=info.replace(name_stack=prefix + info.name_stack),
+                )
+            )
+            local.update(zip(inner_eqn.outvars, fresh, strict=True))
+        for outer, inner_out in zip(eqn.outvars, body_out, strict=True):
+            subst[outer] = sub(local, inner_out)
+    return out, [sub(subst, v) for v in outvars]

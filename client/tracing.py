@@ -13,7 +13,7 @@ from client.clustering import cluster_segments, cut_bytes
 from client.export import export_layer, layer_text, slice_jaxpr
 from client.fingerprint import fingerprint
 from client.flops import eqn_flops
-from client.layers import clean_name, scope_segments
+from client.layers import clean_name, inline_scoped_calls, scope_segments
 from schemas import DTYPE_BYTES, LayerSpec, ModelSpec, ParamSpec, VarSpec
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ def trace(
     jaxpr = closed.jaxpr
     if len(jaxpr.outvars) != 1 or jaxpr.outvars[0].aval.shape != ():
         raise ValueError(f"loss_fn must return one scalar, got {jaxpr.outvars}")
-    loss_var = jaxpr.outvars[0]
-    eqns = _dce(list(jaxpr.eqns), [loss_var])
+    all_eqns, (loss_var,) = inline_scoped_calls(jaxpr.eqns, jaxpr.outvars)
+    eqns = _dce(all_eqns, [loss_var])
     if not isinstance(loss_var, core.Var) or not any(loss_var in e.outvars for e in eqns):
         raise ValueError("the loss must be computed from params and batch, not a constant")
 

@@ -229,3 +229,23 @@ def test_import_client_does_not_import_jax() -> None:
     code = "import sys, client; assert 'jax' not in sys.modules; client.trace; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+def test_a_jitted_loss_is_cut_into_its_scopes() -> None:
+    @jax.jit
+    def head(h: jax.Array, w: jax.Array) -> jax.Array:
+        with client.layer("head"):
+            return jnp.mean(h @ w)
+
+    @jax.jit
+    def loss(p: dict, b: dict[str, jax.Array]) -> jax.Array:
+        with client.layer("body"):
+            h = jax.jit(jnp.tanh)(b["x"] @ p["w"])  # a call inside a layer stays whole
+        return head(h, p["w"]) + head(2 * h, p["w"])
+
+    params = {"w": jax.random.normal(jax.random.key(7), (H, H)) / 3}
+    batch = {"x": jax.random.normal(jax.random.key(8), (4, H))}
+    spec = client.trace(loss, params, batch)
+    assert [layer.name for layer in spec.layers] == ["body", "head"]
+    assert "jit" in spec.layers[0].jaxpr
+    assert_roundtrip(spec, loss, params, batch, cuts=(1,))
