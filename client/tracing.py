@@ -86,6 +86,11 @@ def trace(
     for key in batch_names:
         if clean_name(str(key), "") != key:
             raise ValueError(f"batch key {key!r} is not a valid name (letters, digits, _.:/-[])")
+    seen: set[str] = set()
+    for n in param_names + batch_names:
+        if n in seen:
+            raise ValueError(f"two params or batch inputs are both named {n!r}; rename one")
+        seen.add(n)
     axes = dict(logical_axes or {})
     unknown = sorted(set(axes) - set(param_names))
     if unknown:

@@ -182,6 +182,8 @@ def test_bad_inputs_are_rejected() -> None:
         client.trace(lambda p, b: jnp.sum(b @ p), w, jnp.ones((4, H)))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a valid name"):
         client.trace(lambda p, b: jnp.sum(b["1x"] @ p), w, {"1x": jnp.ones((4, H))})
+    with pytest.raises(ValueError, match="both named 'x'"):
+        client.trace(lambda p, b: jnp.sum(b["x"] @ p["x"]), {"x": w}, {"x": jnp.ones((4, H))})
     with pytest.raises(ValueError, match="unknown parameters"):
         client.trace(
             lambda p, b: jnp.sum(b["x"] @ p),
