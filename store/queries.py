@@ -14,12 +14,28 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, Select, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
+from schemas import ProfileStatus
 from store.tables import JobCandidateRow, JobRow, LayerProgramRow, ModelRow, StageProfileRow
 
 SORT_KEYS: tuple[str, ...] = ("compute_cost", "peak_memory", "start", "recorded_at")
 NULLABLE_SORT_KEYS = frozenset({"compute_cost", "peak_memory", "recorded_at"})
 PENDING = "pending"
+PRUNED = "pruned"  # a candidate the runner skipped: no profile, but a recorded_at
 MAX_PAGE_SIZE = 1000
+_PROFILE_STATUSES = frozenset(s.value for s in ProfileStatus)
+# What a candidate's status says about its sort value (how record_result and mark_pruned
+# write rows): statuses whose value is never null, and statuses whose value is always null.
+# A status filter inside one of these sets lets a page skip one of its two range scans.
+_NEVER_NULL: dict[str, frozenset[str]] = {
+    "compute_cost": frozenset({"ok"}),
+    "peak_memory": _PROFILE_STATUSES,
+    "recorded_at": _PROFILE_STATUSES | {PRUNED},
+}
+_ALWAYS_NULL: dict[str, frozenset[str]] = {
+    "compute_cost": (_PROFILE_STATUSES - {"ok"}) | {PENDING, PRUNED},
+    "peak_memory": frozenset({PENDING, PRUNED}),
+    "recorded_at": frozenset({PENDING}),
+}
 
 _C = JobCandidateRow
 _P = StageProfileRow
@@ -161,10 +177,14 @@ def profile_page(
         .where(*filters.conditions())
     )
     rows: list[dict[str, Any]] = []
-    in_values = after is None or after.value is not None
-    if in_values:
+    statuses = set(filters.statuses)
+    only_nulls = bool(statuses) and statuses <= _ALWAYS_NULL.get(sort.key, frozenset())
+    no_nulls = sort.key not in NULLABLE_SORT_KEYS or (
+        bool(statuses) and statuses <= _NEVER_NULL[sort.key]
+    )
+    if (after is None or after.value is not None) and not only_nulls:
         rows = _fetch(session, _valued_part(base, column, sort, after), limit + 1)
-    if sort.key in NULLABLE_SORT_KEYS and len(rows) <= limit:
+    if not no_nulls and len(rows) <= limit:
         rows += _fetch(session, _null_part(base, column, sort, after), limit + 1 - len(rows))
     if len(rows) <= limit:
         return ProfilePage(rows=rows, next=None)

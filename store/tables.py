@@ -120,6 +120,19 @@ class JobCandidateRow(Base):
         Index("ix_job_candidates_job_mesh", "job_id", "submesh_id", "config_id"),
         Index("ix_job_candidates_model_cost", "model_id", "compute_cost", "id"),
         Index("ix_job_candidates_cost", "compute_cost", "id"),
+        # The profile table's other sorts and its per-submesh/config view (store.queries).
+        Index("ix_job_candidates_job_memory", "job_id", "peak_memory", "id"),
+        Index("ix_job_candidates_job_recorded", "job_id", "recorded_at", "id"),
+        Index(
+            "ix_job_candidates_job_mesh_cost",
+            "job_id",
+            "submesh_id",
+            "config_id",
+            "compute_cost",
+            "id",
+        ),
+        Index("ix_job_candidates_memory", "peak_memory", "id"),
+        Index("ix_job_candidates_recorded", "recorded_at", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -40,7 +40,7 @@ SortParam = Literal[
     "-recorded_at",
 ]
 StatusParam = Literal[
-    "ok", "oom", "compile_error", "runtime_error", "timeout", "worker_lost", "pending"
+    "ok", "oom", "compile_error", "runtime_error", "timeout", "worker_lost", "pending", "pruned"
 ]
 MAX_INT = 2**31 - 1
 MAX_BIG = 2**63 - 1
@@ -147,7 +147,8 @@ def read_profiles(
     submesh_id: IntParam = None,
     config_id: IntParam = None,
     status: Annotated[
-        list[StatusParam] | None, Query(description="Repeat for several; 'pending' = no result.")
+        list[StatusParam] | None,
+        Query(description="Repeat for several; 'pending': no result yet; 'pruned': skipped."),
     ] = None,
     num_devices: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
     strategy: StrategyName | None = None,

@@ -15,7 +15,7 @@
     }
     const cell = Math.max(8, Math.min(44, Math.floor(640 / L)));
     const left = 96, top = 64, legendW = 220;
-    const width = Math.max(left + L * cell + 40, left + legendW + 230);
+    const width = Math.max(left + L * cell + 40, left + legendW + 290);
     const height = top + L * cell + 70;
     const svg = SP.svg("svg", {
       id: "heatmap-svg", class: "heatmap", width: width, height: height,
@@ -46,6 +46,7 @@
         const x = left + e * cell, y = top + s * cell;
         let fill = "#ffffff", cls = "heat-cell pending";
         if (status === "ok" && v !== null) { fill = SP.color(scale(v)); cls = "heat-cell ok"; }
+        else if (status === "pruned") { fill = "#f3f4f6"; cls = "heat-cell pruned"; }
         else if (status !== "pending") { fill = FAILED; cls = "heat-cell failed"; }
         const r = SP.svg("rect", { x: x + 0.5, y: y + 0.5, width: cell - 1, height: cell - 1, fill: fill, class: cls }, svg);
         const range = (names[s] || s) + (e > s ? " … " + (names[e] || e) : "");
@@ -78,8 +79,10 @@
     SP.svg("text", { x: x + w + 30, y: y + 9, class: "tick", text: "failed" }, svg);
     SP.svg("rect", { x: x + w + 80, y: y, width: 10, height: 10, class: "legend-swatch pending", fill: "#ffffff" }, svg);
     SP.svg("text", { x: x + w + 94, y: y + 9, class: "tick", text: "pending" }, svg);
-    SP.svg("rect", { x: x + w + 154, y: y, width: 10, height: 10, class: "legend-swatch plan" }, svg);
-    SP.svg("text", { x: x + w + 168, y: y + 9, class: "tick", text: "plan" }, svg);
+    SP.svg("rect", { x: x + w + 154, y: y, width: 10, height: 10, class: "legend-swatch pruned" }, svg);
+    SP.svg("text", { x: x + w + 168, y: y + 9, class: "tick", text: "pruned" }, svg);
+    SP.svg("rect", { x: x + w + 224, y: y, width: 10, height: 10, class: "legend-swatch plan" }, svg);
+    SP.svg("text", { x: x + w + 238, y: y + 9, class: "tick", text: "plan" }, svg);
   }
 
   // Fill the selector and draw; keeps the user's selection across refreshes.

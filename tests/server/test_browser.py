@@ -82,7 +82,7 @@ def test_job_page_draws_plan_heatmap_and_gantt(
     assert plan_table.group(0).count("<tr>") == 1 + len(job.plan.stages)
     assert 'id="heatmap-svg"' in dom
     # 8 layers: 36 (start, end) cells in the selected submesh/config, one of them failed.
-    assert len(re.findall(r'class="heat-cell (?:ok|failed|pending)"', dom)) == 36
+    assert len(re.findall(r'class="heat-cell (?:ok|failed|pending|pruned)"', dom)) == 36
     assert len(re.findall(r'class="heat-cell failed"', dom)) == 1
     assert len(re.findall(r'class="plan-cell"', dom)) == len(job.plan.stages)
     assert dom.count("<option") >= 3 + 3  # the heatmap selector lists every submesh/config
