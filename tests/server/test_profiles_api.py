@@ -217,3 +217,17 @@ def test_one_profile_in_full(api: httpx.Client, two_jobs: tuple[SeededJob, Seede
     assert full.json()["fingerprint"] == row["fingerprint"]
     assert len(full.json()["module_profile_results"]) == 2
     assert api.get("/v1/profiles/nope").status_code == 404
+
+
+@pytest.mark.parametrize("sort", ["compute_cost", "-peak_memory", "-recorded_at", "start"])
+@pytest.mark.parametrize(
+    "statuses", [["ok"], ["pending"], ["oom"], ["oom", "pending"], ["ok", "compile_error"]]
+)
+def test_sorts_under_status_filters(
+    api: httpx.Client, two_jobs: tuple[SeededJob, SeededJob], sort: str, statuses: list[str]
+) -> None:
+    everything = all_pages(api, limit=1000)
+    want = [r for r in everything if (r["status"] or "pending") in statuses]
+    got = all_pages(api, limit=4, sort=sort, status=statuses)
+    assert [r["id"] for r in got] == expected_order(want, sort.lstrip("-"), sort.startswith("-"))
+    assert got
