@@ -10,6 +10,7 @@ from planner.comm import boundary_bytes, transfer_seconds
 from planner.dp import DPResult, inference_dp, training_dp
 from planner.errors import NoFeasiblePlan
 from planner.plan import build_plan, manual_stage_option
+from planner.prune import StagePruner, range_lower_bounds
 from planner.schedule import Schedule, simulate_1f1b
 from planner.table import CostTable, build_cost_table
 
@@ -19,6 +20,7 @@ __all__ = [
     "DPResult",
     "NoFeasiblePlan",
     "Schedule",
+    "StagePruner",
     "baseline_plans",
     "boundary_bytes",
     "build_cost_table",
@@ -28,6 +30,7 @@ __all__ = [
     "inference_dp",
     "logical_meshes",
     "manual_stage_option",
+    "range_lower_bounds",
     "simulate_1f1b",
     "submesh_choices",
     "training_dp",

@@ -32,6 +32,9 @@ class Progress(Frozen):
     failed: int = Field(0, ge=0, description="Of those, with a status other than ok.")
     measured: int = Field(0, ge=0, description="Distinct stages measured by this job.")
     distinct_stages: int = Field(0, ge=0, description="Distinct stage fingerprints in the job.")
+    pruned: int = Field(
+        0, ge=0, description="Distinct stages skipped: they cannot be in a better plan."
+    )
 
 
 class Job(Frozen):

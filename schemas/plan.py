@@ -53,6 +53,14 @@ class PlanOptions(Frozen):
     include_communication: bool = Field(
         False, description="Add inter-stage activation transfer time (Alpa ignores it)."
     )
+    prune: bool = Field(
+        True,
+        description="Skip candidates that cannot be in a plan better than one already "
+        "measured (B × the largest measured time of a sub-range exceeds that plan's cost).",
+    )
+    prune_margin: float = Field(
+        0.1, ge=0, le=10, description="Safety margin of the pruning bound, a fraction."
+    )
 
     @field_validator("strategies")
     @classmethod

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from schemas import ClusterSpec, Job, JobStatus, Plan, PlanOptions, Progress, ZooRef
 from store.base import utcnow
 from store.engine import is_postgres
-from store.tables import JobCandidateRow, JobRow, ModelRow
+from store.tables import PRUNED, JobCandidateRow, JobRow, ModelRow
 
 RUNNING = (JobStatus.profiling.value, JobStatus.planning.value)
 FINISHED = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
@@ -220,15 +220,17 @@ def refresh_progress(session: Session, *, job_id: str) -> Progress:
     """Recount a job's progress from its candidates and store it on the job row."""
     c = JobCandidateRow
     recorded = c.profile_id.is_not(None)
+    pruned = c.status == PRUNED
     stmt = select(
         func.count(),
-        func.count(c.profile_id),
+        func.count(c.profile_id) + func.count().filter(pruned),
         func.count().filter(and_(recorded, c.reused.is_(True))),
         func.count().filter(and_(recorded, c.status != "ok")),
         func.count(func.distinct(c.fingerprint)).filter(and_(recorded, c.reused.is_(False))),
         func.count(func.distinct(c.fingerprint)),
+        func.count(func.distinct(c.fingerprint)).filter(pruned),
     ).where(c.job_id == job_id)
-    total, done, cached, failed, measured, distinct = session.execute(stmt).one()
+    total, done, cached, failed, measured, distinct, n_pruned = session.execute(stmt).one()
     progress = Progress(
         total=total,
         done=done,
@@ -236,6 +238,7 @@ def refresh_progress(session: Session, *, job_id: str) -> Progress:
         failed=failed,
         measured=measured,
         distinct_stages=distinct,
+        pruned=n_pruned,
     )
     session.execute(
         update(JobRow)
@@ -268,6 +271,7 @@ def job_to_schema(session: Session, row: JobRow) -> Job:
             failed=row.failed,
             measured=row.measured,
             distinct_stages=row.distinct_stages,
+            pruned=row.pruned,
         ),
         error=row.error,
         lease_owner=row.lease_owner,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from schemas import ProfileStatus, StageKey, StageProfileResult
 from store.base import utcnow
 from store.engine import is_postgres
-from store.tables import JobCandidateRow, StageProfileRow
+from store.tables import PRUNED, JobCandidateRow, StageProfileRow
 
 # Failures that depend on the moment, not on the stage: measured again by a later job.
 TRANSIENT_STATUSES = (
@@ -146,7 +146,11 @@ def pending_fingerprints(session: Session, *, job_id: str) -> list[str]:
     """Fingerprints of the job's candidates that have no result yet, largest submesh first."""
     stmt = (
         select(JobCandidateRow.fingerprint, JobCandidateRow.num_devices)
-        .where(JobCandidateRow.job_id == job_id, JobCandidateRow.profile_id.is_(None))
+        .where(
+            JobCandidateRow.job_id == job_id,
+            JobCandidateRow.profile_id.is_(None),
+            JobCandidateRow.status.is_(None),
+        )
         .order_by(JobCandidateRow.num_devices.desc(), JobCandidateRow.id)
     )
     seen: dict[str, None] = {}
@@ -155,23 +159,22 @@ def pending_fingerprints(session: Session, *, job_id: str) -> list[str]:
     return list(seen)
 
 
-def representative_keys(session: Session, *, job_id: str) -> dict[str, StageKey]:
-    """For each fingerprint of a job, the first candidate key that has it."""
-    stmt = (
-        select(
-            JobCandidateRow.fingerprint,
-            JobCandidateRow.start,
-            JobCandidateRow.end,
-            JobCandidateRow.submesh_id,
-            JobCandidateRow.config_id,
+def mark_pruned(session: Session, *, job_id: str, fingerprints: Iterable[str]) -> int:
+    """Record that the job skips these stages (no profile); returns how many candidates."""
+    wanted = list(fingerprints)
+    if not wanted:
+        return 0
+    result = session.execute(
+        update(JobCandidateRow)
+        .where(
+            JobCandidateRow.job_id == job_id,
+            JobCandidateRow.fingerprint.in_(wanted),
+            JobCandidateRow.profile_id.is_(None),
         )
-        .where(JobCandidateRow.job_id == job_id)
-        .order_by(JobCandidateRow.id)
+        .values(status=PRUNED, recorded_at=utcnow())
+        .execution_options(synchronize_session=False)
     )
-    keys: dict[str, StageKey] = {}
-    for fp, s, e, m, c in session.execute(stmt):
-        keys.setdefault(fp, StageKey(start=s, end=e, submesh_id=m, config_id=c))
-    return keys
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def record_result(session: Session, *, job_id: str, profile: StageProfileRow, reused: bool) -> int:
@@ -182,6 +185,7 @@ def record_result(session: Session, *, job_id: str, profile: StageProfileRow, re
             JobCandidateRow.job_id == job_id,
             JobCandidateRow.fingerprint == profile.fingerprint,
             JobCandidateRow.profile_id.is_(None),
+            JobCandidateRow.status.is_(None),
         )
         .values(
             profile_id=profile.id,

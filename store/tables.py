@@ -20,6 +20,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 from store.base import Base, UTCDateTime, utcnow
 
 HASH_LEN = 64
+# Candidate status of a stage the runner skipped: it cannot be in a better plan.
+PRUNED = "pruned"
 
 
 class ModelRow(Base):
@@ -63,6 +65,7 @@ class JobRow(Base):
     failed: Mapped[int] = mapped_column(Integer, default=0)
     measured: Mapped[int] = mapped_column(Integer, default=0)
     distinct_stages: Mapped[int] = mapped_column(Integer, default=0)
+    pruned: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     attempts: Mapped[int] = mapped_column(Integer, default=0)

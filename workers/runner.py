@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +23,7 @@ from schemas import (
     Plan,
     PlanOptions,
     ProfileStatus,
+    StageKey,
     StageProfileResult,
 )
 from workers.pool import KILL_GRACE_S, MeasurePool, MeasureTask, PoolConfig, RetryPolicy
@@ -57,6 +58,7 @@ class JobStats:
     distinct_stages: int = 0
     measured: int = 0
     reused: int = 0
+    pruned: int = 0
     failed: int = 0
     wall_seconds: float = 0.0
     actors_replaced: int = 0
@@ -221,14 +223,18 @@ class JobRunner:
         stats.candidates = len(candidates)
         stats.distinct_stages = len({c.fingerprint for c in candidates})
 
+        keys_by_fp: dict[str, list[StageKey]] = {}
+        for c in candidates:
+            keys_by_fp.setdefault(c.fingerprint, []).append(c.key)
+
         with store.session_scope(self.sessions) as s:
             store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates)
             pending = store.pending_fingerprints(s, job_id=job_id)
             stored = store.reusable_profiles(s, fingerprints=pending)
             for row in stored.values():
                 store.record_result(s, job_id=job_id, profile=row, reused=True)
-            keys = store.representative_keys(s, job_id=job_id)
             store.refresh_progress(s, job_id=job_id)
+            known = store.job_results(s, job_id=job_id)
         stats.reused = len(stored)
         to_measure = [fp for fp in pending if fp not in stored]
         logger.info(
@@ -239,7 +245,15 @@ class JobRunner:
             stats.reused,
             len(to_measure),
         )
-        self._measure(job_id, to_measure, keys, stats)
+        pruner = None
+        if options.prune:
+            pruner = planner.StagePruner(spec, cluster, options, space, options.prune_margin)
+            for key, result in known.items():
+                pruner.add([key], result)
+            # Small stages first: they are cheap and bound the big ones, which may then
+            # never need measuring. Within a size, larger submeshes first (as Alpa).
+            to_measure.sort(key=lambda fp: _measure_order(keys_by_fp[fp], space))
+        self._measure(job_id, to_measure, keys_by_fp, pruner, stats)
 
         with store.session_scope(self.sessions) as s:
             if not store.set_job_status(
@@ -266,15 +280,32 @@ class JobRunner:
         )
 
     def _measure(
-        self, job_id: str, fingerprints: list[str], keys: dict[str, Any], stats: JobStats
+        self,
+        job_id: str,
+        fingerprints: list[str],
+        keys_by_fp: dict[str, list[StageKey]],
+        pruner: planner.StagePruner | None,
+        stats: JobStats,
     ) -> None:
-        assert self.pool is not None
-        for fp in fingerprints:
-            self.pool.submit(MeasureTask(fingerprint=fp, key=keys[fp]))
+        """Submit stages as actors free up (a bounded queue), skipping what cannot matter."""
+        pool = self.pool
+        assert pool is not None
+        queue = deque(fingerprints)
         last_beat = time.monotonic()
-        while self.pool.busy:
-            for result in self.pool.poll(self.config.poll_seconds):
+        while queue or pool.busy:
+            skipped: list[str] = []
+            while queue and pool.in_flight < pool.config.num_workers:
+                fp = queue.popleft()
+                if pruner is not None and pruner.prunable(k.as_tuple() for k in keys_by_fp[fp]):
+                    skipped.append(fp)
+                else:
+                    pool.submit(MeasureTask(fingerprint=fp, key=keys_by_fp[fp][0]))
+            if skipped:
+                self._store_pruned(job_id, skipped, stats)
+            for result in pool.poll(self.config.poll_seconds):
                 self._store_result(job_id, result, stats)
+                if pruner is not None:
+                    pruner.add((k.as_tuple() for k in keys_by_fp[result.fingerprint]), result)
             if time.monotonic() - last_beat >= self.config.heartbeat_seconds:
                 self._heartbeat(job_id)
                 last_beat = time.monotonic()
@@ -290,6 +321,15 @@ class JobRunner:
         if self.on_progress is not None:
             self.on_progress(job, stats)
 
+    def _store_pruned(self, job_id: str, fingerprints: list[str], stats: JobStats) -> None:
+        with store.session_scope(self.sessions) as s:
+            store.mark_pruned(s, job_id=job_id, fingerprints=fingerprints)
+            store.refresh_progress(s, job_id=job_id)
+            job = store.get_job(s, job_id=job_id)
+        stats.pruned += len(fingerprints)
+        if self.on_progress is not None:
+            self.on_progress(job, stats)
+
     def _heartbeat(self, job_id: str) -> None:
         with store.session_scope(self.sessions) as s:
             alive = store.renew_lease(
@@ -301,6 +341,12 @@ class JobRunner:
         if self.pool is not None:
             self.pool.stop_all()
         raise JobCancelled("cancelled by request" if cancelled else "lost the job's lease")
+
+
+def _measure_order(keys: list[StageKey], space: Any) -> tuple[int, int]:
+    """Fewest layers first, then most devices."""
+    key = keys[0]
+    return (key.end - key.start, -space.submeshes[key.submesh_id].num_devices)
 
 
 class JobFailed(Exception):

@@ -30,20 +30,28 @@ def progress_bar(console: Console) -> Iterator[Callable[[Any, Any], None]]:
         TextColumn("[bold]profiling"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("reused {task.fields[reused]}  failed {task.fields[failed]}"),
+        TextColumn(
+            "reused {task.fields[reused]}  pruned {task.fields[pruned]}  "
+            "failed {task.fields[failed]}"
+        ),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
         console=console,
         transient=False,
     )
-    task = progress.add_task("profiling", total=None, reused=0, failed=0)
+    task = progress.add_task("profiling", total=None, reused=0, pruned=0, failed=0)
 
     def update(job: Any, _stats: Any) -> None:
         if job is None:
             return
         progress.update(
-            task, total=job.total, completed=job.done, reused=job.cached, failed=job.failed
+            task,
+            total=job.total,
+            completed=job.done,
+            reused=job.cached,
+            pruned=job.pruned,
+            failed=job.failed,
         )
 
     with progress:
@@ -94,7 +102,8 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     console.print(compare)
     console.print(
         f"{stats['candidates']} candidates, {stats['distinct_stages']} distinct stages: "
-        f"{stats['measured']} measured, {stats['reused']} reused, {stats['failed']} failed; "
+        f"{stats['measured']} measured, {stats['reused']} reused, "
+        f"{stats.get('pruned', 0)} pruned, {stats['failed']} failed; "
         f"DP {plan.dp_wall_seconds * 1e3:.1f} ms; total {stats['wall_seconds']:.1f} s"
     )
 

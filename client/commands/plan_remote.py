@@ -43,7 +43,8 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
             "candidates": progress.total,
             "distinct_stages": progress.distinct_stages,
             "measured": progress.measured,
-            "reused": progress.distinct_stages - progress.measured,
+            "reused": progress.distinct_stages - progress.measured - progress.pruned,
+            "pruned": progress.pruned,
             "failed": progress.failed,
             "wall_seconds": round(time.monotonic() - started, 3),
         }

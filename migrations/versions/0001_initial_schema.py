@@ -82,6 +82,7 @@ def upgrade() -> None:
         sa.Column("failed", sa.Integer(), nullable=False),
         sa.Column("measured", sa.Integer(), nullable=False),
         sa.Column("distinct_stages", sa.Integer(), nullable=False),
+        sa.Column("pruned", sa.Integer(), nullable=False),
         sa.Column("lease_owner", sa.String(length=128), nullable=True),
         sa.Column("lease_expires_at", store.base.UTCDateTime(timezone=True), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),

@@ -29,7 +29,7 @@ def _runner(sessions: sessionmaker[Session], **kw: object) -> JobRunner:
 
 
 def _recorded_once(sessions: sessionmaker[Session], job_id: str) -> tuple[int, int]:
-    """(candidates, candidates with a result); also checks one profile row per fingerprint."""
+    """(candidates, candidates with a result or pruned); one profile row per measured stage."""
     with session_scope(sessions) as s:
         total = s.scalar(
             select(func.count())
@@ -39,11 +39,11 @@ def _recorded_once(sessions: sessionmaker[Session], job_id: str) -> tuple[int, i
         done = s.scalar(
             select(func.count())
             .select_from(JobCandidateRow)
-            .where(JobCandidateRow.job_id == job_id, JobCandidateRow.profile_id.is_not(None))
+            .where(JobCandidateRow.job_id == job_id, JobCandidateRow.status.is_not(None))
         )
         fps = s.scalar(
             select(func.count(func.distinct(JobCandidateRow.fingerprint))).where(
-                JobCandidateRow.job_id == job_id
+                JobCandidateRow.job_id == job_id, JobCandidateRow.profile_id.is_not(None)
             )
         )
         rows = s.scalar(
@@ -51,7 +51,9 @@ def _recorded_once(sessions: sessionmaker[Session], job_id: str) -> tuple[int, i
             .select_from(StageProfileRow)
             .where(
                 StageProfileRow.fingerprint.in_(
-                    select(JobCandidateRow.fingerprint).where(JobCandidateRow.job_id == job_id)
+                    select(JobCandidateRow.fingerprint).where(
+                        JobCandidateRow.job_id == job_id, JobCandidateRow.profile_id.is_not(None)
+                    )
                 )
             )
         )
@@ -75,7 +77,7 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
     stats = outcome.stats
     # identical blocks: far fewer distinct stages than candidates
     assert stats.distinct_stages < 0.8 * stats.candidates
-    assert stats.measured == stats.distinct_stages and stats.reused == 0
+    assert stats.measured + stats.pruned == stats.distinct_stages and stats.reused == 0
     total, done = _recorded_once(sessions, job_id)
     assert total == done == stats.candidates
     with session_scope(sessions) as s:
@@ -87,7 +89,8 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
     again = _runner(sessions).run_next()
     assert again is not None and again.job_id == second and again.status == JobStatus.done
     assert again.stats.measured == 0
-    assert again.stats.reused == again.stats.distinct_stages == stats.distinct_stages
+    assert again.stats.distinct_stages == stats.distinct_stages
+    assert again.stats.reused == stats.measured and again.stats.pruned == stats.pruned
     assert again.plan is not None and again.plan.stages == plan.stages
 
 

@@ -81,7 +81,7 @@ def test_killed_runner_job_is_taken_over_without_remeasuring(
     assert outcome.stats.measured <= distinct - len(stored_before)
     with session_scope(sessions) as s:
         total, done = s.execute(
-            select(func.count(), func.count(JobCandidateRow.profile_id)).where(
+            select(func.count(), func.count(JobCandidateRow.status)).where(
                 JobCandidateRow.job_id == job_id
             )
         ).one()
@@ -89,4 +89,5 @@ def test_killed_runner_job_is_taken_over_without_remeasuring(
         row = get_job(s, job_id=job_id)
         assert row is not None and row.attempts == 2
     assert total == done == outcome.stats.candidates
-    assert rows == distinct  # one profile row per distinct stage: nothing measured twice
+    # one profile row per measured stage: nothing measured twice
+    assert rows == distinct - outcome.stats.pruned

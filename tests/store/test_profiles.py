@@ -13,11 +13,12 @@ from store import (
     create_job,
     get_profile,
     job_results,
+    mark_pruned,
     pending_fingerprints,
     profile_result,
     put_model,
     record_result,
-    representative_keys,
+    refresh_progress,
     reusable_profiles,
     save_profile,
     session_scope,
@@ -102,7 +103,6 @@ def test_candidates_record_results_by_fingerprint(session: Session) -> None:
         ],
     )
     assert pending_fingerprints(session, job_id=job.id) == ["whole", "same-block"]
-    assert representative_keys(session, job_id=job.id)["same-block"] == keys[0]
     row = save_profile(session, result=profile("same-block", key=keys[0]))
     assert record_result(session, job_id=job.id, profile=row, reused=False) == 2
     assert record_result(session, job_id=job.id, profile=row, reused=False) == 0
@@ -110,3 +110,27 @@ def test_candidates_record_results_by_fingerprint(session: Session) -> None:
     results = job_results(session, job_id=job.id)
     assert set(results) == {keys[0].as_tuple(), keys[1].as_tuple()}
     assert results[keys[1].as_tuple()].fingerprint == "same-block"
+
+
+def test_pruned_stages_count_as_done_without_a_profile(session: Session) -> None:
+    model, _ = put_model(session, spec=tiny_spec())
+    job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())
+    add_candidates(
+        session,
+        job_id=job.id,
+        model_id=model.id,
+        candidates=[
+            CandidateIn(StageKey(start=0, end=0, submesh_id=0, config_id=0), "small", 1, "data"),
+            CandidateIn(StageKey(start=0, end=1, submesh_id=0, config_id=0), "big", 1, "data"),
+        ],
+    )
+    record_result(
+        session, job_id=job.id, profile=save_profile(session, result=profile("small")), reused=False
+    )
+    assert mark_pruned(session, job_id=job.id, fingerprints=["big", "small"]) == 1
+    assert pending_fingerprints(session, job_id=job.id) == []
+    progress = refresh_progress(session, job_id=job.id)
+    assert (progress.total, progress.done, progress.pruned, progress.failed) == (2, 2, 1, 0)
+    assert set(job_results(session, job_id=job.id)) == {(0, 0, 0, 0)}
+    late = save_profile(session, result=profile("big"))
+    assert record_result(session, job_id=job.id, profile=late, reused=False) == 0
