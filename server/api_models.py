@@ -139,8 +139,10 @@ class HealthOut(Out):
     database: str
 
 
-def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` for the error codes a route can answer."""
+def error_responses(
+    *codes: int, extra: dict[int | str, dict[str, Any]] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for the error codes a route can answer (plus `extra`)."""
     text = {
         400: "Malformed JSON or URL.",
         401: "A bearer token is needed.",
@@ -155,4 +157,4 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         c: {"model": ErrorOut, "description": text[c]} for c in codes
     }
     out[422] = {"model": ValidationErrorOut, "description": "A field breaks a rule."}
-    return out
+    return out | (extra or {})

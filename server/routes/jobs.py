@@ -64,9 +64,9 @@ def cancel_job(job_id: str, session: SessionDep) -> Job:
     row = _job_row(session, job_id)
     if JobStatus(row.status).finished:
         raise Conflict(f"job {job_id} is already {row.status}")
-    row = request_cancel(session, job_id=job_id)
-    assert row is not None
-    return job_to_schema(session, row)
+    cancelled = request_cancel(session, job_id=job_id)
+    assert cancelled is not None
+    return job_to_schema(session, cancelled)
 
 
 @router.get(

@@ -61,8 +61,14 @@ def check_model(spec: ModelSpec, loc: tuple[str, ...]) -> None:
     "",
     response_model=ModelCreated,
     status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": ModelCreated, "description": "Already stored."}}
-    | error_responses(400, 401, 403, 413, 415),
+    responses=error_responses(
+        400,
+        401,
+        403,
+        413,
+        415,
+        extra={200: {"model": ModelCreated, "description": "Already stored."}},
+    ),
     summary="Store a model spec (idempotent by content hash)",
 )
 def create_model(

@@ -129,8 +129,9 @@ IntParam = Annotated[int | None, Query(ge=0, le=MAX_INT)]
 @router.get(
     "",
     response_model=ProfilePageOut,
-    responses={200: {"content": {CSV_TYPE: {}}, "description": "JSON, or CSV on request."}}
-    | error_responses(400),
+    responses=error_responses(
+        400, extra={200: {"content": {CSV_TYPE: {}}, "description": "JSON, or CSV on request."}}
+    ),
     summary="The profile table: every stage candidate and its measurement",
 )
 def read_profiles(
