@@ -99,3 +99,29 @@ def test_job_page_draws_plan_heatmap_and_gantt(
     run_chromium(tmp_path / "shot", f"--screenshot={shot}", "--window-size=1400,1800", page)
     assert shot.stat().st_size > 20_000
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_running_job_and_jobs_list_without_script_errors(
+    finished_job: tuple[LiveServer, SeededJob], tmp_path: Path
+) -> None:
+    srv, done = finished_job
+    factory = make_sessionmaker(make_engine(srv.settings.database_url))
+    running = seed_job(factory, num_layers=4, finished=False, recorded_fraction=0.5, salt="r")
+    for path, checks in (
+        (f"/jobs/{running.job_id}", ['class="heat-cell pending"', 'class="heat-cell ok"']),
+        ("/", [f'data-job-id="{running.job_id}"', f'data-job-id="{done.job_id}"']),
+        (f"/models/{done.model_id}", ['id="layers-table"']),
+    ):
+        out = subprocess.run(
+            [chromium(), *FLAGS, f"--user-data-dir={tmp_path / path.replace('/', '_')}"]
+            + ["--enable-logging=stderr", "--v=0", "--dump-dom", srv.url + path],
+            capture_output=True,
+            text=True,
+            timeout=CHROMIUM_TIMEOUT_S,
+            check=True,
+        )
+        for needle in checks:
+            assert needle in out.stdout, (path, needle)
+        console = [line for line in out.stderr.splitlines() if "CONSOLE" in line]
+        assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+        assert "No jobs yet" not in out.stdout
