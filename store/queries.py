@@ -15,12 +15,11 @@ from sqlalchemy import ColumnElement, Integer, Select, func, literal, select, tu
 from sqlalchemy.orm import Session
 
 from schemas import ProfileStatus
-from store.tables import JobCandidateRow, JobRow, LayerProgramRow, ModelRow, StageProfileRow
+from store.tables import PRUNED, JobCandidateRow, JobRow, LayerProgramRow, ModelRow, StageProfileRow
 
 SORT_KEYS: tuple[str, ...] = ("compute_cost", "peak_memory", "start", "recorded_at")
 NULLABLE_SORT_KEYS = frozenset({"compute_cost", "peak_memory", "recorded_at"})
 PENDING = "pending"
-PRUNED = "pruned"  # a candidate the runner skipped: no profile, but a recorded_at
 MAX_PAGE_SIZE = 1000
 _PROFILE_STATUSES = frozenset(s.value for s in ProfileStatus)
 # What a candidate's status says about its sort value (how record_result and mark_pruned

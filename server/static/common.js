@@ -91,7 +91,7 @@
   };
 
   SP.progressText = function (p) {
-    return p.done + "/" + p.total + " · " + p.cached + " cached · " + p.failed + " failed";
+    return p.done + "/" + p.total + " · " + p.cached + " cached · " + p.failed + " failed · " + (p.pruned || 0) + " pruned";
   };
 
   // Round a span to 1, 2 or 5 × 10^k steps for chart axes.

@@ -31,6 +31,7 @@ from store import (
     claim_job,
     create_job,
     finish_job,
+    mark_pruned,
     put_model,
     record_result,
     refresh_progress,
@@ -213,11 +214,13 @@ def seed_job(
     recorded_fraction: float = 1.0,
     salt: str = "fp",
     name: str = "chain",
+    pruned: int = 0,
 ) -> SeededJob:
     """A job of a `chain_spec` model on a 1x2 cluster with every candidate added.
 
     `finished`: every candidate recorded (some failed) and a plan stored (status done).
-    Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded.
+    Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded
+    and the last `pruned` candidates pruned.
     """
     keys = _keys(num_layers)
     with session_scope(factory) as s:
@@ -264,6 +267,9 @@ def seed_job(
             )
             row = save_profile(s, result=result)
             record_result(s, job_id=job.id, profile=row, reused=k[0] % 2 == 1)
+        if pruned:
+            fps = [_fingerprint(salt, k) for k in keys[n_record:][-pruned:]]
+            mark_pruned(s, job_id=job.id, fingerprints=fps)
         refresh_progress(s, job_id=job.id)
         plan = None
         if finished:

@@ -106,9 +106,14 @@ def test_running_job_and_jobs_list_without_script_errors(
 ) -> None:
     srv, done = finished_job
     factory = make_sessionmaker(make_engine(srv.settings.database_url))
-    running = seed_job(factory, num_layers=4, finished=False, recorded_fraction=0.5, salt="r")
+    running = seed_job(
+        factory, num_layers=4, finished=False, recorded_fraction=0.5, salt="r", pruned=3
+    )
     for path, checks in (
-        (f"/jobs/{running.job_id}", ['class="heat-cell pending"', 'class="heat-cell ok"']),
+        (
+            f"/jobs/{running.job_id}",
+            ['class="heat-cell pending"', 'class="heat-cell ok"', "3 pruned"],
+        ),
         ("/", [f'data-job-id="{running.job_id}"', f'data-job-id="{done.job_id}"']),
         (f"/models/{done.model_id}", ['id="layers-table"']),
     ):

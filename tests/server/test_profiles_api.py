@@ -24,7 +24,7 @@ def two_jobs(engine: Engine) -> Iterator[tuple[SeededJob, SeededJob]]:
     """A done job and a half-recorded one, shared by this module's (read-only) tests."""
     db = make_sessionmaker(engine)
     done = seed_job(db, num_layers=5, salt="a")
-    running = seed_job(db, num_layers=4, finished=False, recorded_fraction=0.5, salt="b")
+    running = seed_job(db, num_layers=4, finished=False, recorded_fraction=0.5, salt="b", pruned=5)
     yield done, running
     with engine.begin() as conn:
         for table in reversed(Base.metadata.sorted_tables):
@@ -102,6 +102,7 @@ def test_filters(api: httpx.Client, two_jobs: tuple[SeededJob, SeededJob]) -> No
     check({"status": "ok"}, lambda r: r["status"] == "ok")
     check({"status": ["oom", "compile_error"]}, lambda r: r["status"] in ("oom", "compile_error"))
     check({"status": "pending"}, lambda r: r["status"] is None)
+    check({"status": "pruned"}, lambda r: r["status"] == "pruned")
     check({"status": ["pending", "ok"]}, lambda r: r["status"] in (None, "ok"))
     fp = everything[0]["fingerprint"]
     check({"fingerprint": fp}, lambda r: r["fingerprint"] == fp)
@@ -221,7 +222,8 @@ def test_one_profile_in_full(api: httpx.Client, two_jobs: tuple[SeededJob, Seede
 
 @pytest.mark.parametrize("sort", ["compute_cost", "-peak_memory", "-recorded_at", "start"])
 @pytest.mark.parametrize(
-    "statuses", [["ok"], ["pending"], ["oom"], ["oom", "pending"], ["ok", "compile_error"]]
+    "statuses",
+    [["ok"], ["pending"], ["oom"], ["oom", "pending"], ["ok", "compile_error"], ["pruned"]],
 )
 def test_sorts_under_status_filters(
     api: httpx.Client, two_jobs: tuple[SeededJob, SeededJob], sort: str, statuses: list[str]
