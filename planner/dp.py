@@ -38,6 +38,7 @@ from schemas import SubmeshShape
 logger = logging.getLogger(__name__)
 
 Stage = tuple[int, int, int, int]
+MAX_TABLE_BYTES = 2 * 2**30  # working arrays of one DP; beyond it, refuse instead of swapping
 SubmeshLike = tuple[int, int] | SubmeshShape
 
 
@@ -159,6 +160,13 @@ def reduce_configs(
     rows = int(binding.max()) + 2 if binding.size else 1
     # A config whose limit is >= rows - 1 is past every binding limit, so it saturates at cap.
     level = np.where(usable, np.minimum(clipped, rows - 1), -1)
+    need = (2 * rows + 1) * num_layers * num_layers * num_submeshes * 10  # float64 + int16
+    if need > MAX_TABLE_BYTES:
+        raise ValueError(
+            f"the reduced table would take {need / 2**30:.1f} GiB ({rows} memory rows x "
+            f"{num_layers}^2 ranges x {num_submeshes} submeshes); the limit is "
+            f"{MAX_TABLE_BYTES / 2**30:.0f} GiB: use fewer layers"
+        )
     shape = (rows + 1, num_layers, num_layers, num_submeshes)
     exact = np.full(shape, np.inf)  # exact[v]: cheapest config whose level is exactly v
     exact_arg = np.zeros(shape, dtype=np.int16)

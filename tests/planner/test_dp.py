@@ -206,3 +206,34 @@ def test_lower_triangle_is_ignored() -> None:
     cost[0, 1, 0, 0] = 5.0  # (start=1, end=0) would be free but is not a stage
     result = training_dp(cost, None, [(1, 1)], 1, 1)
     assert result.stages == [(0, 1, 0, 0)] and result.cost == 5.0
+
+
+def test_inference_dp_minimises_the_largest_stage() -> None:
+    # one stage on 2 devices: 1.5; two stages on 1 device each: max(1, 1) = 1
+    result = inference_dp(two_layer_table(1.5), None, [(1, 1), (1, 2)], 2)
+    assert result.cost == 1.0 and result.stages == [(0, 0, 0, 0), (1, 1, 0, 0)]
+    mns = np.full((2, 2, 2, 1), 5)
+    mns[1, 1, 0, 0] = -1  # the second layer alone does not fit on one device
+    result = inference_dp(two_layer_table(1.5), mns, [(1, 1), (1, 2)], 2)
+    assert result.cost == 1.5 and result.stages == [(0, 1, 1, 0)]
+
+
+def test_inputs_are_not_modified() -> None:
+    cost = np.random.default_rng(0).random((3, 3, 2, 2))
+    before = cost.copy()
+    training_dp(cost, None, [(1, 1), (1, 2)], 2, 4)
+    np.testing.assert_array_equal(cost, before)
+
+
+def test_plan_of_many_stages_with_memory_rows() -> None:
+    # 6 layers on 6 single devices: only the all-singles plan uses every device; the memory
+    # rule lets stage p have 5 - p stages after it only when its limit allows.
+    cost = np.full((6, 6, 1, 1), np.inf)
+    for i in range(6):
+        cost[i, i, 0, 0] = 1.0 + i
+    mns = np.full(cost.shape, 5)
+    result = training_dp(cost, mns, [(1, 1)], 6, 3)
+    assert result.stages == [(i, i, 0, 0) for i in range(6)]
+    assert result.cost == sum(range(1, 7)) + 2 * 6.0
+    mns[2, 2, 0, 0] = 2  # layer 2's stage has 3 stages after it: too many
+    assert not training_dp(cost, mns, [(1, 1)], 6, 3).feasible
