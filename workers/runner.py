@@ -61,6 +61,7 @@ class JobStats:
     pruned: int = 0
     failed: int = 0
     wall_seconds: float = 0.0
+    actors_started: int = 0
     actors_replaced: int = 0
 
     def as_dict(self) -> dict[str, float | int]:
@@ -99,6 +100,7 @@ class JobRunner:
         self.build_zoo = build_zoo
         self.on_progress = on_progress
         self.pool: MeasurePool | None = None
+        self._worker_info: dict[str, Any] | None = None
 
     def run_forever(self, stop: threading.Event, idle_sleep_s: float = 2.0) -> None:
         """Claim and run jobs until `stop` is set."""
@@ -139,6 +141,7 @@ class JobRunner:
             return self._end(job_id, JobStatus.failed, None, message, stats)
         finally:
             if self.pool is not None:
+                stats.actors_started = self.pool.config.num_workers + self.pool.actors_replaced
                 stats.actors_replaced = self.pool.actors_replaced
                 self.pool.shutdown()
                 self.pool = None
@@ -201,17 +204,23 @@ class JobRunner:
 
         space = planner.enumerate_candidates(spec, cluster, options)
         pool_config = self._pool_config(cluster, space)
-        self.pool = MeasurePool(
-            pool_config,
-            model_key=model_id,
-            spec=spec,
-            cluster=cluster,
-            options=options,
-            failure_result=_FailureFactory(space, cluster).make,
-            retry=self.config.retry,
-        )
-        info = self.pool.info()
-        device_kind, jax_version = str(info["device_kind"]), str(info["jax_version"])
+
+        def start_pool() -> MeasurePool:
+            return MeasurePool(
+                pool_config,
+                model_key=model_id,
+                spec=spec,
+                cluster=cluster,
+                options=options,
+                failure_result=_FailureFactory(space, cluster).make,
+                retry=self.config.retry,
+            )
+
+        if self._worker_info is None:  # first job of this runner: ask the actors once
+            self.pool = start_pool()
+            self._worker_info = self.pool.info()
+        device_kind = str(self._worker_info["device_kind"])
+        jax_version = str(self._worker_info["jax_version"])
 
         candidates = []
         for key in space.keys:
@@ -245,6 +254,8 @@ class JobRunner:
             stats.reused,
             len(to_measure),
         )
+        if to_measure and self.pool is None:  # a warm re-plan starts no actors at all
+            self.pool = start_pool()
         pruner = None
         if options.prune:
             pruner = planner.StagePruner(spec, cluster, options, space, options.prune_margin)
@@ -289,7 +300,9 @@ class JobRunner:
     ) -> None:
         """Submit stages as actors free up (a bounded queue), skipping what cannot matter."""
         pool = self.pool
-        assert pool is not None
+        if pool is None:
+            self._heartbeat(job_id)
+            return
         queue = deque(fingerprints)
         last_beat = time.monotonic()
         while queue or pool.busy:

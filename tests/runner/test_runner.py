@@ -66,7 +66,8 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
 ) -> None:
     spec = tiny_gpt(num_layers=4)  # embed, 4 blocks, head = 6 layers
     job_id = queue_job(sessions, spec)
-    outcome = _runner(sessions).run_next()
+    runner = _runner(sessions)
+    outcome = runner.run_next()
     assert outcome is not None and outcome.job_id == job_id
     assert outcome.status == JobStatus.done, outcome.error
     plan = outcome.plan
@@ -86,8 +87,9 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
         assert row.total == row.done == stats.candidates and row.measured == stats.measured
 
     second = queue_job(sessions, tiny_gpt(num_layers=4))
-    again = _runner(sessions).run_next()
+    again = runner.run_next()
     assert again is not None and again.job_id == second and again.status == JobStatus.done
+    assert again.stats.actors_started == 0  # nothing to measure: no actor started
     assert again.stats.measured == 0
     assert again.stats.distinct_stages == stats.distinct_stages
     assert again.stats.reused == stats.measured and again.stats.pruned == stats.pruned
