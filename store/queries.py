@@ -245,8 +245,16 @@ def job_num_layers(session: Session, *, job_id: str) -> int:
     return 0 if last is None else int(last) + 1
 
 
-def cost_matrices(session: Session, *, job_id: str, num_layers: int) -> list[CostMatrix]:
-    """An L×L (start × end) cost matrix for each (submesh_id, config_id) of the job."""
+def cost_matrices(
+    session: Session,
+    *,
+    job_id: str,
+    num_layers: int,
+    submesh_id: int | None = None,
+    config_id: int | None = None,
+) -> list[CostMatrix]:
+    """An L×L (start × end) cost matrix for each (submesh_id, config_id) of the job, or
+    only those with the given `submesh_id` / `config_id`."""
     stmt = (
         select(
             _C.submesh_id,
@@ -266,6 +274,10 @@ def cost_matrices(session: Session, *, job_id: str, num_layers: int) -> list[Cos
         .where(_C.job_id == job_id)
         .order_by(_C.submesh_id, _C.config_id)
     )
+    if submesh_id is not None:
+        stmt = stmt.where(_C.submesh_id == submesh_id)
+    if config_id is not None:
+        stmt = stmt.where(_C.config_id == config_id)
     out: dict[tuple[int, int], CostMatrix] = {}
     for r in session.execute(stmt):
         m = out.get((r.submesh_id, r.config_id))

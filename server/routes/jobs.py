@@ -97,7 +97,18 @@ def _label(m: CostMatrix) -> str:
     responses=error_responses(404),
     summary="Stage cost by (start, end) for each submesh and config (the heatmap)",
 )
-def read_cost_matrix(job_id: str, session: SessionDep) -> CostMatricesOut:
+def read_cost_matrix(
+    job_id: str,
+    session: SessionDep,
+    submesh_id: Annotated[
+        int | None, Query(ge=0, le=2**31 - 1, description="Only this submesh.")
+    ] = None,
+    config_id: Annotated[
+        int | None, Query(ge=0, le=2**31 - 1, description="Only this config.")
+    ] = None,
+) -> CostMatricesOut:
+    """`compute_cost[start][end]` in seconds (null where missing, pending or failed) and
+    `status[start][end]`, for every (submesh_id, config_id) of the job or the ones asked."""
     row = _job_row(session, job_id)
     n = job_num_layers(session, job_id=job_id)
     names: list[str] = [str(i) for i in range(n)]
@@ -121,6 +132,8 @@ def read_cost_matrix(job_id: str, session: SessionDep) -> CostMatricesOut:
                 compute_cost=m.compute_cost,
                 status=m.status,
             )
-            for m in cost_matrices(session, job_id=job_id, num_layers=n)
+            for m in cost_matrices(
+                session, job_id=job_id, num_layers=n, submesh_id=submesh_id, config_id=config_id
+            )
         ],
     )

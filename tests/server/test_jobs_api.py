@@ -118,3 +118,15 @@ def test_cost_matrix_marks_pending(api: httpx.Client, db: sessionmaker[Session])
     m = out["matrices"][0]
     assert m["submesh"] is None and m["status"][0][0] == "pending"
     assert m["compute_cost"][0][0] is None
+
+
+def test_cost_matrix_of_one_submesh_and_config(
+    api: httpx.Client, db: sessionmaker[Session]
+) -> None:
+    seeded = seed_job(db, num_layers=3)
+    url = f"/v1/jobs/{seeded.job_id}/cost-matrix"
+    only = api.get(url, params={"submesh_id": 1, "config_id": 0}).json()["matrices"]
+    assert [(m["submesh_id"], m["config_id"]) for m in only] == [(1, 0)]
+    assert len(api.get(url, params={"submesh_id": 1}).json()["matrices"]) == 2
+    assert api.get(url, params={"submesh_id": 7}).json()["matrices"] == []
+    assert api.get(url, params={"config_id": -1}).status_code == 422
