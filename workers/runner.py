@@ -254,8 +254,6 @@ class JobRunner:
             stats.reused,
             len(to_measure),
         )
-        if to_measure and self.pool is None:  # a warm re-plan starts no actors at all
-            self.pool = start_pool()
         pruner = None
         if options.prune:
             pruner = planner.StagePruner(spec, cluster, options, space, options.prune_margin)
@@ -264,7 +262,7 @@ class JobRunner:
             # Small stages first: they are cheap and bound the big ones, which may then
             # never need measuring. Within a size, larger submeshes first (as Alpa).
             to_measure.sort(key=lambda fp: _measure_order(keys_by_fp[fp], space))
-        self._measure(job_id, to_measure, keys_by_fp, pruner, stats)
+        self._measure(job_id, to_measure, keys_by_fp, pruner, stats, start_pool)
 
         with store.session_scope(self.sessions) as s:
             if not store.set_job_status(
@@ -297,25 +295,30 @@ class JobRunner:
         keys_by_fp: dict[str, list[StageKey]],
         pruner: planner.StagePruner | None,
         stats: JobStats,
+        start_pool: Callable[[], MeasurePool],
     ) -> None:
-        """Submit stages as actors free up (a bounded queue), skipping what cannot matter."""
-        pool = self.pool
-        if pool is None:
-            self._heartbeat(job_id)
-            return
+        """Submit stages as actors free up (a bounded queue), skipping what cannot matter.
+
+        Actors start at the first stage that needs measuring: a warm re-plan starts none."""
         queue = deque(fingerprints)
         last_beat = time.monotonic()
-        while queue or pool.busy:
+        while queue or (self.pool is not None and self.pool.busy):
             skipped: list[str] = []
-            while queue and pool.in_flight < pool.config.num_workers:
+            while queue and (
+                self.pool is None or self.pool.in_flight < self.pool.config.num_workers
+            ):
                 fp = queue.popleft()
                 if pruner is not None and pruner.prunable(k.as_tuple() for k in keys_by_fp[fp]):
                     skipped.append(fp)
-                else:
-                    pool.submit(MeasureTask(fingerprint=fp, key=keys_by_fp[fp][0]))
+                    continue
+                if self.pool is None:
+                    self.pool = start_pool()
+                self.pool.submit(MeasureTask(fingerprint=fp, key=keys_by_fp[fp][0]))
             if skipped:
                 self._store_pruned(job_id, skipped, stats)
-            for result in pool.poll(self.config.poll_seconds):
+            if self.pool is None:
+                continue
+            for result in self.pool.poll(self.config.poll_seconds):
                 self._store_result(job_id, result, stats)
                 if pruner is not None:
                     pruner.add((k.as_tuple() for k in keys_by_fp[result.fingerprint]), result)
