@@ -1,6 +1,7 @@
 """The job runner: claim a job, enumerate its candidates, reuse what is stored, measure the
 rest on Ray, store each result the moment it exists, then plan."""
 
+import hashlib
 import logging
 import os
 import socket
@@ -47,6 +48,9 @@ class RunnerConfig:
     devices_per_worker: int | None = None
     use_gpus: bool = False
     kill_grace_s: float = KILL_GRACE_S
+    # False measures every candidate on its own, as Alpa does (a baseline for benchmarks):
+    # a candidate's fingerprint then also names its (start, end, submesh, config).
+    reuse_stages: bool = True
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -228,6 +232,8 @@ class JobRunner:
             fp = stage_fingerprint(
                 spec, key.start, key.end, submesh, config, device_kind, jax_version, options
             )
+            if not self.config.reuse_stages:
+                fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
             candidates.append(store.CandidateIn(key, fp, submesh.num_devices, config.strategy))
         stats.candidates = len(candidates)
         stats.distinct_stages = len({c.fingerprint for c in candidates})
