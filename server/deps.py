@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from server.access import READ_METHODS
 from server.settings import Settings
 
 
@@ -13,10 +14,14 @@ def get_session(request: Request) -> Iterator[Session]:
     """A session for one request: committed when the route returns, rolled back on error.
 
     Declared with `scope="function"` so the commit happens before the response is sent: a
-    client that gets `202` can read the job it created at once.
+    client that gets `202` can read the job it created at once. On SQLite a write request
+    takes the write lock first (`BEGIN IMMEDIATE`, waiting up to the busy timeout): a
+    transaction that read and then found another writer's commit would fail at once.
     """
     session: Session = request.app.state.sessionmaker()
     try:
+        if request.method not in READ_METHODS and session.get_bind().dialect.name == "sqlite":
+            session.connection().exec_driver_sql("BEGIN IMMEDIATE")
         yield session
         session.commit()
     except BaseException:

@@ -142,3 +142,24 @@ def test_body_size_limit(db_url: str, db: object, row_counts: RowCounts) -> None
         assert r.status_code == 413
         assert client.post("/v1/models", json=spec_json(num_layers=2)).status_code == 201
     assert row_counts()["models"] == before["models"] + 1
+
+
+def test_concurrent_posts_of_one_spec(api: httpx.Client, row_counts: RowCounts) -> None:
+    import threading
+
+    body = spec_json(num_layers=4, name="raced")
+    barrier = threading.Barrier(4)
+    codes: list[int] = []
+
+    def post() -> None:
+        with httpx.Client(base_url=str(api.base_url), timeout=30) as c:
+            barrier.wait()
+            codes.append(c.post("/v1/models", json=body).status_code)
+
+    threads = [threading.Thread(target=post) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(codes) == [200, 200, 200, 201]
+    assert row_counts()["models"] == 1 and row_counts()["layer_programs"] == 4
