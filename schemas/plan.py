@@ -12,6 +12,7 @@ SubmeshSpace = Literal["power_of_two", "small_power_of_two", "all", "manual"]
 ConfigSpace = Literal["all", "single_node_model_parallel", "data_parallel_only"]
 OptimizerName = Literal["sgd", "adam"]
 MAX_MICROBATCHES = 4096
+ALL_STRATEGIES: tuple[StrategyName, ...] = ("data", "megatron", "fsdp")
 
 
 class PlanOptions(Frozen):
@@ -34,7 +35,7 @@ class PlanOptions(Frozen):
         "all", description="Logical meshes tried per submesh (Alpa's logical shape space)."
     )
     strategies: list[StrategyName] = Field(
-        default_factory=lambda: ["data", "megatron", "fsdp"],
+        default_factory=lambda: list(ALL_STRATEGIES),
         min_length=1,
         description="Sharding strategies tried on each logical mesh.",
     )

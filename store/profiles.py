@@ -4,7 +4,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -67,8 +67,8 @@ def save_profile(session: Session, *, result: StageProfileResult) -> StageProfil
     result; anything else stored first wins.
     """
     values = _profile_values(result)
-    insert = pg_insert if is_postgres(session) else sqlite_insert
-    stmt = insert(StageProfileRow).values(**values)
+    dialect_insert = pg_insert if is_postgres(session) else sqlite_insert
+    stmt = dialect_insert(StageProfileRow).values(**values)
     stmt = stmt.on_conflict_do_update(
         index_elements=[StageProfileRow.fingerprint],
         set_={k: stmt.excluded[k] for k in values if k != "fingerprint"},
@@ -138,7 +138,7 @@ def add_candidates(
         if c.key.as_tuple() not in existing
     ]
     if rows:
-        session.execute(JobCandidateRow.__table__.insert(), rows)
+        session.execute(insert(JobCandidateRow), rows)
     return len(rows)
 
 
