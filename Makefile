@@ -33,6 +33,7 @@ test: install postgres chromium
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy schemas store planner server migrations
 
 format: install
 	$(BIN)/ruff format .
