@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from server.access import READ_METHODS
 from server.settings import Settings
+from store import lock_for_write
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -20,8 +21,8 @@ def get_session(request: Request) -> Iterator[Session]:
     """
     session: Session = request.app.state.sessionmaker()
     try:
-        if request.method not in READ_METHODS and session.get_bind().dialect.name == "sqlite":
-            session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+        if request.method not in READ_METHODS:
+            lock_for_write(session)
         yield session
         session.commit()
     except BaseException:

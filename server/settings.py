@@ -6,7 +6,7 @@ from functools import lru_cache
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store import database_url
+from store import database_url, normalize_url
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,9 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _driver(cls, v: str) -> str:
-        v = v.strip()
-        if not v:
+        if not v.strip():
             raise ValueError("database_url is empty")
-        for prefix in ("postgresql://", "postgres://"):
-            if v.startswith(prefix):
-                return "postgresql+psycopg://" + v[len(prefix) :]
-        return v
+        return normalize_url(v)
 
     @field_validator("api_token", "read_token")
     @classmethod

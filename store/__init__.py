@@ -9,8 +9,10 @@ from store.engine import (
     DATABASE_URL_ENV,
     database_url,
     is_postgres,
+    lock_for_write,
     make_engine,
     make_sessionmaker,
+    normalize_url,
     session_scope,
 )
 from store.jobs import (
@@ -70,9 +72,11 @@ __all__ = [
     "job_to_schema",
     "list_jobs",
     "list_models",
+    "lock_for_write",
     "make_engine",
     "make_sessionmaker",
     "model_id_for",
+    "normalize_url",
     "pending_fingerprints",
     "profile_result",
     "put_model",

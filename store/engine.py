@@ -18,7 +18,12 @@ def database_url() -> str:
 
     A bare `postgresql://` URL is given the psycopg 3 driver.
     """
-    url = os.environ.get(DATABASE_URL_ENV, "").strip() or DEFAULT_DATABASE_URL
+    return normalize_url(os.environ.get(DATABASE_URL_ENV, "").strip() or DEFAULT_DATABASE_URL)
+
+
+def normalize_url(url: str) -> str:
+    """Give a bare `postgresql://` (or `postgres://`) URL the psycopg 3 driver."""
+    url = url.strip()
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
@@ -49,11 +54,22 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def lock_for_write(session: Session) -> None:
+    """On SQLite, take the write lock at the start of the transaction (`BEGIN IMMEDIATE`,
+    waiting up to the busy timeout). A deferred transaction that read and then found another
+    writer's commit fails at once with "database is locked". No-op on Postgres."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+
+
 @contextmanager
-def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """A session that commits on success and rolls back on error."""
+def session_scope(factory: sessionmaker[Session], *, write: bool = True) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error; `write` takes the write
+    lock first on SQLite (see `lock_for_write`)."""
     session = factory()
     try:
+        if write:
+            lock_for_write(session)
         yield session
         session.commit()
     except BaseException:
