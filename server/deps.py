@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from server.access import READ_METHODS
 from server.settings import Settings
-from store import lock_for_write
+from store import session_scope
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -19,17 +19,9 @@ def get_session(request: Request) -> Iterator[Session]:
     takes the write lock first (`BEGIN IMMEDIATE`, waiting up to the busy timeout): a
     transaction that read and then found another writer's commit would fail at once.
     """
-    session: Session = request.app.state.sessionmaker()
-    try:
-        if request.method not in READ_METHODS:
-            lock_for_write(session)
+    write = request.method not in READ_METHODS
+    with session_scope(request.app.state.sessionmaker, write=write) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 def get_app_settings(request: Request) -> Settings:
