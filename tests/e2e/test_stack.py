@@ -1,0 +1,180 @@
+"""End to end: the compose topology as local processes, driven over HTTP.
+
+`stageprof db upgrade` on Postgres (compose's migrate), `stageprof serve --workers 2 --no-migrate`
+(api), `stageprof worker` on a local Ray (worker); the SDK posts a zoo GPT, polls the job to
+done, reads the plan and the profile table, and posts it again: every profile is reused.
+"""
+
+import csv
+import io
+import os
+import secrets
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from client.sdk import AuthError, StageprofClient
+from schemas import ClusterSpec, Job, JobStatus, PlanOptions
+from tests.conftest import postgres_url, reset_postgres
+from tests.e2e.stack import LocalStack, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(900)]
+
+E2E_DATABASE = "stageprof_e2e"
+JOB_TIMEOUT_S = 480.0
+TINY_GPT = {
+    "num_layers": 2,
+    "hidden_size": 32,
+    "num_heads": 2,
+    "seq_len": 16,
+    "vocab_size": 128,
+    "batch_size": 4,
+}
+NUM_LAYERS = TINY_GPT["num_layers"] + 2  # embedding, blocks, LM head
+CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=4)
+OPTIONS = PlanOptions(
+    num_microbatches=2,
+    config_space="data_parallel_only",
+    strategies=["data"],
+    repeats=2,
+    warmup=1,
+    candidate_timeout_s=180,
+)
+
+
+def e2e_database_url() -> str:
+    """The test Postgres server's `stageprof_e2e` database, created when missing, emptied."""
+    url = make_url(postgres_url()).set(database=E2E_DATABASE)
+    admin = url.set(drivername="postgresql", database="postgres")
+    conninfo = admin.render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (E2E_DATABASE,)
+        ).fetchone()
+        if exists is None:
+            conn.execute(f'CREATE DATABASE "{E2E_DATABASE}"')
+    text = url.render_as_string(hide_password=False)
+    reset_postgres(text)
+    return text
+
+
+def stack_env(database_url: str) -> dict[str, str]:
+    """This process's environment without stageprof/Ray settings, pointed at the e2e DB."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STAGEPROF_") and k not in ("RAY_ADDRESS", "XLA_FLAGS")
+    }
+    env["STAGEPROF_DATABASE_URL"] = database_url
+    return env
+
+
+def wait_done(api: StageprofClient, stack: LocalStack, job_id: str) -> Job:
+    """Poll the job until it finishes, failing at once when a service dies."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while True:
+        stack.assert_running()
+        job = api.get_job(job_id)
+        if job.status.finished:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job.status}: {job.progress}"
+        time.sleep(1.0)
+
+
+def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: Path) -> None:
+    database_url = e2e_database_url()
+    env = stack_env(database_url)
+    token = secrets.token_urlsafe(24)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with LocalStack(tmp_path, env) as stack:
+        # migrate, then api (it must not migrate itself), then worker: the compose order
+        out = stack.run("migrate", "db", "upgrade")
+        assert "is at head" in out
+        stack.start(
+            "api",
+            *("serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"),
+            *("--no-migrate", "--log-level", "warning"),
+            env=env | {"STAGEPROF_API_TOKEN": token},
+        )
+        stack.start(
+            "worker",
+            *("worker", "--workers", "2", "--devices-per-worker", "4", "--idle-sleep", "0.5"),
+        )
+        assert stack.wait_healthy(base) == {"status": "ok", "database": "ok"}
+
+        with StageprofClient(base, token="") as anonymous:
+            with pytest.raises(AuthError) as refused:
+                anonymous.submit_plan(zoo="gpt", zoo_config=TINY_GPT, cluster=CLUSTER)
+            assert refused.value.status_code == 401
+            assert anonymous.list_jobs() == []  # reads are open; nothing was queued
+
+        with StageprofClient(base, token=token) as api:
+            first = _plan_and_check(api, stack, base)
+            assert first.progress.measured > 0 and first.progress.cached == 0
+
+            second_ref = api.submit_plan(
+                zoo="gpt", zoo_config=TINY_GPT, cluster=CLUSTER, options=OPTIONS
+            )
+            second = wait_done(api, stack, second_ref.job_id)
+            assert second.status == JobStatus.done, second.error
+            p1, p2 = first.progress, second.progress
+            assert p2.measured == 0, p2
+            assert (p2.total, p2.distinct_stages, p2.pruned) == (
+                p1.total,
+                p1.distinct_stages,
+                p1.pruned,
+            )
+            rows = list(api.iter_profiles(job_id=second.id, sort="start"))
+            recorded = [r for r in rows if r["profile_id"] is not None]
+            assert recorded and all(r["reused"] for r in recorded)
+            assert p2.cached == len(recorded) == p2.done - _pruned_rows(rows)
+            assert second.model_id == first.model_id  # the same spec, stored once
+            assert api.get_plan(second.id).stages == api.get_plan(first.id).stages
+
+
+def _pruned_rows(rows: list[dict]) -> int:
+    return sum(r["status"] == "pruned" for r in rows)
+
+
+def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
+    """Post the zoo GPT, poll it to done, read its plan, profile table and dashboard page."""
+    ref = api.submit_plan(zoo="gpt", zoo_config=TINY_GPT, cluster=CLUSTER, options=OPTIONS)
+    assert ref.status == JobStatus.queued and ref.url == f"/v1/jobs/{ref.job_id}"
+    job = wait_done(api, stack, ref.job_id)
+    assert job.status == JobStatus.done, job.error
+    assert job.model_id is not None and job.zoo is not None and job.zoo.name == "gpt"
+    assert job.progress.total == job.progress.done > 0
+
+    plan = api.get_plan(job.id)
+    covered = [i for st in plan.stages for i in range(st.start, st.end + 1)]
+    assert covered == list(range(NUM_LAYERS)) and plan.num_layers == NUM_LAYERS
+    assert sum(st.submesh.num_devices for st in plan.stages) == CLUSTER.num_devices
+    assert plan.num_microbatches == OPTIONS.num_microbatches
+    assert plan.predicted_iteration_time_s > 0 and plan.baselines
+
+    rows = list(api.iter_profiles(job_id=job.id, sort="start"))
+    assert len(rows) == job.progress.total
+    assert {r["job_id"] for r in rows} == {job.id}
+    assert all(r["status"] is not None for r in rows)  # every candidate has an outcome
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(r["compute_cost"] > 0 and r["peak_memory"] > 0 for r in ok)
+    measured = {r["fingerprint"] for r in rows if r["profile_id"] is not None and not r["reused"]}
+    assert len(measured) == job.progress.measured
+    planned = {st.fingerprint for st in plan.stages}
+    assert planned <= {r["fingerprint"] for r in ok}
+
+    table = list(csv.DictReader(io.StringIO(api.profiles_csv(job_id=job.id, sort="start"))))
+    assert len(table) == len(rows)
+    assert [(int(r["start"]), int(r["end"])) for r in table] == [
+        (r["start"], r["end"]) for r in rows
+    ]
+
+    page = httpx.get(f"{base}{ref.dashboard_url}", timeout=30.0)  # reads are open
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert job.id in page.text
+    return job
