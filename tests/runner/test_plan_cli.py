@@ -1,0 +1,79 @@
+"""`stageprof plan` embedded: a JSON last line, a report, and a second run that reuses all."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TINY = [
+    "--set",
+    "num_layers=2",
+    "--set",
+    "hidden_size=16",
+    "--set",
+    "num_heads=2",
+    "--set",
+    "seq_len=8",
+    "--set",
+    "vocab_size=64",
+    "--set",
+    "batch_size=4",
+]
+FAST = ["--config-space", "data_parallel_only", "--strategies", "data", "--repeats", "2"]
+
+
+def _plan(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, STAGEPROF_DATABASE_URL=f"sqlite:///{tmp_path / 'plan.db'}")
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "client.cli", "plan", "--zoo", "gpt", *TINY, *FAST, *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_plan_prints_json_then_reuses_everything(tmp_path: Path) -> None:
+    first = _plan(
+        tmp_path, "--hosts", "1", "--devices-per-host", "2", "--json", "--report", "report.html"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = json.loads(first.stdout.strip().splitlines()[-1])
+    assert set(out) >= {"job_id", "plan", "stats"}
+    stats = out["stats"]
+    assert set(stats) >= {
+        "candidates",
+        "distinct_stages",
+        "measured",
+        "reused",
+        "failed",
+        "wall_seconds",
+    }
+    assert stats["measured"] > 0 and stats["reused"] == 0
+    stages = out["plan"]["stages"]
+    assert stages[0]["start"] == 0 and stages[-1]["end"] == 3
+    report = (tmp_path / "report.html").read_text()
+    assert out["job_id"] in report and "<script" in report
+
+    second = _plan(tmp_path, "--hosts", "1", "--devices-per-host", "2", "--json")
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads(second.stdout.strip().splitlines()[-1])
+    assert again["stats"]["measured"] == 0
+    assert again["stats"]["reused"] == stats["measured"]
+    assert again["plan"]["stages"] == stages
+
+
+def test_plan_refuses_bad_input_with_a_clear_message(tmp_path: Path) -> None:
+    bad = _plan(tmp_path, "--devices-per-host", "3")
+    assert bad.returncode == 2
+    assert "devices_per_host" in bad.stderr and "power of two" in bad.stderr
+    bad = _plan(tmp_path, "--set", "num_layerz=2")
+    assert bad.returncode == 2 and "num_layerz" in bad.stderr
+    assert not (tmp_path / "plan.db").exists() or "Traceback" not in bad.stderr
