@@ -109,15 +109,23 @@ def read_cost_matrix(
 ) -> CostMatricesOut:
     """`compute_cost[start][end]` in seconds (null where missing, pending or failed) and
     `status[start][end]`, for every (submesh_id, config_id) of the job or the ones asked."""
-    row = _job_row(session, job_id)
-    n = job_num_layers(session, job_id=job_id)
+    return cost_matrices_out(
+        session, _job_row(session, job_id), submesh_id=submesh_id, config_id=config_id
+    )
+
+
+def cost_matrices_out(
+    session: Session, row: JobRow, *, submesh_id: int | None = None, config_id: int | None = None
+) -> CostMatricesOut:
+    """The cost-matrix answer for a job row (also embedded in the standalone report)."""
+    n = job_num_layers(session, job_id=row.id)
     names: list[str] = [str(i) for i in range(n)]
     if row.model_id is not None:
         model = session.get(ModelRow, row.model_id)
         if model is not None:
             names = [layer["name"] for layer in model.spec["layers"]]
     return CostMatricesOut(
-        job_id=job_id,
+        job_id=row.id,
         num_layers=n,
         layer_names=names,
         matrices=[
@@ -133,7 +141,7 @@ def read_cost_matrix(
                 status=m.status,
             )
             for m in cost_matrices(
-                session, job_id=job_id, num_layers=n, submesh_id=submesh_id, config_id=config_id
+                session, job_id=row.id, num_layers=n, submesh_id=submesh_id, config_id=config_id
             )
         ],
     )

@@ -9,11 +9,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
 
 from schemas import JobStatus
 from server.deps import SessionDep
 from server.routes.models import layer_infos
 from store import (
+    JobRow,
     get_job,
     get_model_row,
     job_plan,
@@ -75,11 +77,9 @@ def jobs_page(request: Request, session: SessionDep) -> HTMLResponse:
     return _page(request, "jobs.html", {"jobs": jobs, "models": models})
 
 
-@router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(job_id: str, request: Request, session: SessionDep) -> HTMLResponse:
-    row = get_job(session, job_id=job_id)
-    if row is None:
-        return _not_found(request, f"There is no job {job_id!r}.")
+def job_page_context(session: Session, row: JobRow) -> dict[str, Any]:
+    """What job.html (and the standalone report) render: the job, its plan, the layer names,
+    and `page_data`, the JSON the page's scripts read (schedule, plan stages, strategies)."""
     job = job_to_schema(session, row)
     plan = job_plan(row)
     layer_names: list[str] = []
@@ -99,13 +99,15 @@ def job_page(job_id: str, request: Request, session: SessionDep) -> HTMLResponse
         ],
         "strategies": sorted(job.options.strategies),
     }
-    context = {
-        "job": job,
-        "plan": plan,
-        "layer_names": layer_names,
-        "page_data": page_data,
-    }
-    return _page(request, "job.html", context)
+    return {"job": job, "plan": plan, "layer_names": layer_names, "page_data": page_data}
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(job_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    row = get_job(session, job_id=job_id)
+    if row is None:
+        return _not_found(request, f"There is no job {job_id!r}.")
+    return _page(request, "job.html", job_page_context(session, row))
 
 
 @router.get("/models/{model_id}", response_class=HTMLResponse)

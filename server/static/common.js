@@ -49,7 +49,11 @@
     return v + " B";
   };
 
+  // A page saved as a file (the standalone report) carries its API answers in
+  // page data `embedded`, keyed by URL: answer from there, with no network.
   SP.getJSON = async function (url) {
+    const embedded = SP.data.embedded;
+    if (embedded && Object.prototype.hasOwnProperty.call(embedded, url)) return embedded[url];
     const r = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
     if (!r.ok) {
       let detail = r.statusText;
