@@ -1,0 +1,193 @@
+"""Shared pieces of the bench/ scripts: fresh stores, the GPT under test, running one job,
+percentiles, side-by-side tables and the last-line JSON.
+
+Every script prints a table for people and, as its LAST line, one JSON object with its
+figures (`emit_json`)."""
+
+import json
+import logging
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+# The GPT of the time-to-plan benchmark: zoo defaults (hidden 64, seq 32, vocab 512,
+# micro-batch 8), and a tiny one for smoke tests (--quick).
+GPT_WIDTHS = {"hidden_size": 64, "num_heads": 4, "seq_len": 32, "vocab_size": 512, "batch_size": 8}
+QUICK_WIDTHS = {
+    "hidden_size": 32,
+    "num_heads": 2,
+    "seq_len": 16,
+    "vocab_size": 128,
+    "batch_size": 4,
+}
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Log to stderr (stdout carries the table and the JSON line)."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+
+
+def console() -> Console:
+    """A console on stdout, wide enough that tables do not wrap in logs."""
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out.width = max(out.width, 140)
+    return out
+
+
+def emit_json(figures: dict[str, Any]) -> None:
+    """Print the figures as one JSON object: the script's last line."""
+    sys.stdout.flush()
+    print(json.dumps(figures, sort_keys=True, default=_jsonable), flush=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
+def git_commit() -> str:
+    """The working tree's commit (short), or '' outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except OSError:
+        return ""
+    return out.stdout.strip()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the closest ranks; nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def median(values: Iterable[float]) -> float:
+    data = list(values)
+    return float(statistics.median(data)) if data else math.nan
+
+
+def side_by_side(title: str, rows: Sequence[tuple[str, Any, Any]], names: tuple[str, str]) -> Table:
+    """A table of figures: one row per figure, our value next to the baseline's."""
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column(names[0], justify="right")
+    table.add_column(names[1], justify="right")
+    for label, ours, theirs in rows:
+        table.add_row(label, fmt(ours), fmt(theirs))
+    return table
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def sqlite_sessions(path: Path) -> Any:
+    """A migrated SQLite store at `path` (removed first) and its sessionmaker."""
+    from migrations import upgrade
+    from store import make_engine, make_sessionmaker
+
+    path.unlink(missing_ok=True)
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    return make_sessionmaker(make_engine(url))
+
+
+@dataclass
+class JobRun:
+    """One embedded job run to its end: outcome, wall seconds and its recorded results."""
+
+    job_id: str
+    outcome: Any  # workers.runner.JobOutcome
+    wall_seconds: float
+    results: dict[tuple[int, int, int, int], Any]  # key -> StageProfileResult
+    store_seconds: float
+
+
+def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config: Any) -> JobRun:
+    """Queue `spec` on `cluster` in the store and run it with a fresh `JobRunner` (local Ray
+    must be connected). Wall time is submit → plan stored: the runner's whole job."""
+    from store import create_job, job_results, put_model, session_scope
+    from workers.runner import JobRunner
+
+    class _TimedRunner(JobRunner):
+        """Counts the driver's time writing results to the store."""
+
+        store_seconds = 0.0
+
+        def _store_result(self, *args: Any, **kwargs: Any) -> None:
+            began = time.perf_counter()
+            super()._store_result(*args, **kwargs)
+            self.store_seconds += time.perf_counter() - began
+
+        def _store_pruned(self, *args: Any, **kwargs: Any) -> None:
+            began = time.perf_counter()
+            super()._store_pruned(*args, **kwargs)
+            self.store_seconds += time.perf_counter() - began
+
+    with session_scope(sessions) as s:
+        model, _ = put_model(s, spec=spec)
+        job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
+    runner = _TimedRunner(sessions, runner_config)
+    began = time.perf_counter()
+    outcome = runner.run_next(job_id)
+    wall = time.perf_counter() - began
+    assert outcome is not None, "the job just queued could not be claimed"
+    with session_scope(sessions) as s:
+        results = dict(job_results(s, job_id=job_id))
+    return JobRun(job_id, outcome, wall, results, runner.store_seconds)
+
+
+def plan_keys(plan: Any) -> list[tuple[int, int, int, int]]:
+    """A plan's stages as (start, end, submesh_id, config_id)."""
+    return [(s.start, s.end, s.submesh_id, s.config_id) for s in plan.stages]
+
+
+def plan_cost(keys: Sequence[tuple[int, int, int, int]], results: dict, microbatches: int) -> float:
+    """Alpa's objective Σt + (B-1)·max t of the stages `keys`, with t = forward + backward
+    from `results` (inf when a stage has no ok result there)."""
+    times = []
+    for key in keys:
+        result = results.get(key)
+        if result is None or not result.ok:
+            return math.inf
+        times.append(result.compute_cost)
+    return sum(times) + (microbatches - 1) * max(times)

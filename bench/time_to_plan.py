@@ -1,0 +1,224 @@
+"""Time to plan: stageprof as built next to the exhaustive way, in one run.
+
+A 16-block GPT (zoo `gpt`, small widths) on 1 host x 4 virtual CPU devices, B micro-batches,
+planned twice on the same local Ray with the same number of actors, each on a fresh SQLite
+store:
+- ours: reuse by stage fingerprint (identical blocks measured once) + DP-guided pruning
+  (`PlanOptions.prune`: small stages first; a candidate that cannot beat the best measured
+  plan is skipped);
+- exhaustive: every (start, end, submesh, config) compiled and timed on its own, as Alpa does
+  (`RunnerConfig(reuse_stages=False)`, `PlanOptions(prune=False)`).
+The config space is `data_parallel_only` with the `data` strategy (one config per submesh,
+343 candidates at 16 blocks), so the exhaustive run stays within minutes here.
+
+Printed: candidates, distinct stages, measured, compiles (measured x 3 modules), pruned,
+wall time, the plans, whether they are the same (stage boundaries, submeshes, configs),
+`plan_gap` (our plan's cost on the exhaustive run's table vs the exhaustive optimum; two runs
+have independent timing noise) and the ratio; then where the time went (compile per module,
+timed runs, store, the rest) from the stored results.
+
+Usage: python bench/time_to_plan.py [--layers 16] [--micro-batches 8] [--workers 2] [--quick]
+The last line printed is one JSON object with every figure.
+"""
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import common  # bench/common.py (the script's directory is on sys.path)
+
+CONFIG_SPACE = "data_parallel_only"
+STRATEGIES = ["data"]
+MODULES = ("forward", "backward", "apply_grad")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=16, help="transformer blocks")
+    parser.add_argument("--micro-batches", type=int, default=8, help="B")
+    parser.add_argument("--workers", type=int, default=2, help="measuring actors per run")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per module")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
+    parser.add_argument("--hosts", type=int, default=1)
+    parser.add_argument("--devices-per-host", type=int, default=4)
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny widths and 2 repeats (smoke tests)"
+    )
+    parser.add_argument(
+        "--only", choices=["both", "ours", "exhaustive"], default="both", help="runs to do"
+    )
+    parser.add_argument("--work-dir", help="where the SQLite files go (default: a temp dir)")
+    parser.add_argument("--verbose", action="store_true", help="runner logs on stderr")
+    return parser.parse_args(argv)
+
+
+def breakdown(run: common.JobRun, workers: int) -> dict[str, float]:
+    """Where the actors' time went, from the distinct stages this job measured."""
+    measured = {r.fingerprint: r for r in run.results.values()}
+    compile_s = dict.fromkeys(MODULES, 0.0)
+    runs_s = 0.0
+    for result in measured.values():
+        for m in result.module_profile_results:
+            compile_s[m.module.value] += m.compile_seconds
+            runs_s += sum(m.compute_cost_samples_s)
+    actor_s = run.wall_seconds * workers
+    compiled = sum(compile_s.values())
+    out = {f"compile_{k}_s": round(v, 3) for k, v in compile_s.items()}
+    out |= {
+        "compile_s": round(compiled, 3),
+        "timed_runs_s": round(runs_s, 3),
+        "store_s": round(run.store_seconds, 3),
+        "actor_s": round(actor_s, 3),
+        # warm-up runs, composing, allocating, memory analysis, actor start, Ray, idle actors
+        "other_s": round(max(0.0, actor_s - compiled - runs_s), 3),
+    }
+    return out
+
+
+def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
+    stats = run.outcome.stats
+    plan = run.outcome.plan
+    return {
+        "status": run.outcome.status.value,
+        "error": run.outcome.error,
+        "candidates": stats.candidates,
+        "distinct_stages": stats.distinct_stages,
+        "measured": stats.measured,
+        "compiles": stats.measured * len(MODULES),
+        "pruned": stats.pruned,
+        "failed": stats.failed,
+        "wall_s": round(run.wall_seconds, 2),
+        "plan": common.plan_keys(plan) if plan else None,
+        "plan_cost_s": plan.dp_cost_s if plan else None,
+        "breakdown": breakdown(run, workers),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    common.setup_logging(args.verbose)
+    from workers.ray_env import connect_ray
+
+    connect_ray(num_cpus=args.workers)  # before jax is imported: Ray forks its processes
+
+    from client import zoo
+    from schemas import ClusterSpec, PlanOptions
+    from workers.runner import RunnerConfig
+
+    widths = common.QUICK_WIDTHS if args.quick else common.GPT_WIDTHS
+    repeats = 2 if args.quick else args.repeats
+    spec = zoo.build("gpt", num_layers=args.layers, **widths)
+    cluster = ClusterSpec(num_hosts=args.hosts, devices_per_host=args.devices_per_host)
+    base = dict(
+        num_microbatches=args.micro_batches,
+        config_space=CONFIG_SPACE,
+        strategies=STRATEGIES,
+        repeats=repeats,
+        warmup=args.warmup,
+        candidate_timeout_s=600,
+    )
+    setups = {
+        "ours": (PlanOptions(**base, prune=True), RunnerConfig(num_workers=args.workers)),
+        "exhaustive": (
+            PlanOptions(**base, prune=False),
+            RunnerConfig(num_workers=args.workers, reuse_stages=False),
+        ),
+    }
+    names = list(setups) if args.only == "both" else [args.only]
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="stageprof-ttp-"))
+    work.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, common.JobRun] = {}
+    for name in names:
+        options, runner_config = setups[name]
+        sessions = common.sqlite_sessions(work / f"{name}.db")
+        began = time.perf_counter()
+        runs[name] = common.run_job(sessions, spec, cluster, options, runner_config)
+        common.logger.warning("%s: %.1f s", name, time.perf_counter() - began)
+    out = report(args, spec, runs, widths, repeats)
+    common.emit_json(out)
+    return 0 if all(r.outcome.plan is not None for r in runs.values()) else 1
+
+
+def report(
+    args: argparse.Namespace,
+    spec: Any,
+    runs: dict[str, common.JobRun],
+    widths: dict[str, int],
+    repeats: int,
+) -> dict[str, Any]:
+    """Print the side-by-side table and return the JSON figures."""
+    out: dict[str, Any] = {
+        "model": "gpt",
+        "blocks": args.layers,
+        "layers": spec.num_layers,
+        "widths": widths,
+        "cluster": f"{args.hosts}x{args.devices_per_host} cpu (virtual devices)",
+        "micro_batches": args.micro_batches,
+        "config_space": CONFIG_SPACE,
+        "strategies": STRATEGIES,
+        "repeats": repeats,
+        "warmup": args.warmup,
+        "workers": args.workers,
+        "commit": common.git_commit(),
+    }
+    figures = {name: summarize(run, args.workers) for name, run in runs.items()}
+    out |= figures
+    ours, exh = runs.get("ours"), runs.get("exhaustive")
+    if ours and exh and ours.outcome.plan and exh.outcome.plan:
+        our_keys = common.plan_keys(ours.outcome.plan)
+        best = common.plan_cost(common.plan_keys(exh.outcome.plan), exh.results, args.micro_batches)
+        ours_there = common.plan_cost(our_keys, exh.results, args.micro_batches)
+        out["same_plan"] = our_keys == common.plan_keys(exh.outcome.plan)
+        out["plan_gap"] = round((ours_there - best) / best, 4) if best > 0 else math.nan
+        out["ratio"] = round(exh.wall_seconds / ours.wall_seconds, 2)
+    else:
+        out["same_plan"] = None
+        out["plan_gap"] = None
+        out["ratio"] = None
+    print_tables(out, figures)
+    return out
+
+
+def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> None:
+    con = common.console()
+    names = ("ours", "exhaustive")
+    get = {n: figures.get(n, {}) for n in names}
+    rows = [
+        (label, get["ours"].get(k), get["exhaustive"].get(k))
+        for label, k in (
+            ("candidates", "candidates"),
+            ("distinct stages", "distinct_stages"),
+            ("measured", "measured"),
+            ("compiles", "compiles"),
+            ("pruned", "pruned"),
+            ("failed", "failed"),
+            ("wall, s", "wall_s"),
+            ("plan cost (own table), s", "plan_cost_s"),
+        )
+    ]
+    for k in ("compile_forward_s", "compile_backward_s", "compile_apply_grad_s"):
+        rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
+    for k in ("timed_runs_s", "store_s", "other_s", "actor_s"):
+        rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
+    title = (
+        f"time to plan: gpt {out['blocks']} blocks, {out['cluster']}, B={out['micro_batches']}, "
+        f"{out['config_space']} {out['strategies']}"
+    )
+    con.print(common.side_by_side(title, rows, ("ours", "exhaustive")))
+    for name in names:
+        if get[name].get("plan"):
+            con.print(f"{name} plan (start, end, submesh, config): {get[name]['plan']}")
+    con.print(
+        f"same plan: {out['same_plan']}   plan gap: {out['plan_gap']}   ratio: {out['ratio']}"
+    )
+
+
+def _bd(fig: dict[str, Any], key: str) -> Any:
+    return fig.get("breakdown", {}).get(key)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
