@@ -1,0 +1,251 @@
+"""docker-compose.yml (+ the GPU override) and the Dockerfile agree with the code: no Docker
+engine needed. Every `stageprof ...` command parses with the CLI's parser, every STAGEPROF_*
+variable is one the code reads, the services start in order and share one database and Ray."""
+
+import argparse
+import contextlib
+import io
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from client.cli import build_parser
+from client.commands.worker import runner_config
+from server.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("schemas", "store", "migrations", "planner", "workers", "server", "client")
+STAGEPROF_SERVICES = ("migrate", "ray-head", "api", "worker")
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / name).read_text())
+
+
+def merge(base: Any, override: Any) -> Any:
+    """Compose's merge of an override file: mappings merge key by key, the rest replaces."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = merge(base[key], value) if key in base else value
+        return out
+    return override
+
+
+BASE = load("docker-compose.yml")
+GPU = merge(BASE, load("docker-compose.gpu.yml"))
+COMPOSES = pytest.mark.parametrize("compose", [BASE, GPU], ids=["cpu", "gpu"])
+
+
+@pytest.fixture(autouse=True)
+def _no_stageprof_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLI defaults read STAGEPROF_* at parser build time: keep this shell's out of them."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("STAGEPROF_")]:
+        monkeypatch.delenv(name)
+
+
+def _words(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    words = shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+    return [w.replace("$$", "$") for w in words]  # compose's escape for a literal $
+
+
+def service_argv(service: dict[str, Any]) -> list[str]:
+    """What the container runs: its entrypoint + command (the image has no ENTRYPOINT)."""
+    return _words(service.get("entrypoint")) + _words(service.get("command"))
+
+
+def shell_commands(argv: list[str]) -> list[list[str]]:
+    """The commands a container runs: `sh -c SCRIPT $0 ARGS...` split on && and ;, with
+    "$@" replaced by ARGS; any other argv is one command."""
+    if argv[:2] != ["sh", "-c"]:
+        return [argv]
+    script, positional = argv[2], argv[4:]
+    commands = []
+    for part in re.split(r"&&|;", script):
+        words = shlex.split(part)
+        if words:
+            at = words.index("$@") if "$@" in words else None
+            commands.append(words if at is None else words[:at] + positional + words[at + 1 :])
+    return commands
+
+
+def stageprof_args(command: list[str]) -> list[str] | None:
+    """The arguments of a `stageprof` command (after `exec` and `env VAR=...`), else None."""
+    words = list(command)
+    while words and words[0] == "exec":
+        words.pop(0)
+    if words and words[0] == "env":
+        words.pop(0)
+        while words and "=" in words[0]:
+            words.pop(0)
+    return words[1:] if words and words[0] == "stageprof" else None
+
+
+def parse(args: list[str]) -> argparse.Namespace:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser().parse_args(args)
+    except SystemExit:
+        pytest.fail(f"`stageprof {shlex.join(args)}` does not parse: {err.getvalue()}")
+
+
+def stageprof_commands(compose: dict[str, Any]) -> dict[str, list[argparse.Namespace]]:
+    """Every service's `stageprof` commands, parsed."""
+    found: dict[str, list[argparse.Namespace]] = {}
+    for name, service in compose["services"].items():
+        for command in shell_commands(service_argv(service)):
+            args = stageprof_args(command)
+            if args is not None:
+                found.setdefault(name, []).append(parse(args))
+    return found
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def test_the_stack_has_its_services() -> None:
+    assert set(STAGEPROF_SERVICES) | {"postgres"} <= set(BASE["services"])
+
+
+def test_postgres_keeps_its_data_in_a_volume_and_reports_health() -> None:
+    pg = BASE["services"]["postgres"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in pg["volumes"]}
+    assert mounts["/var/lib/postgresql/data"] in BASE["volumes"]
+    test = " ".join(pg["healthcheck"]["test"])
+    user, db = env_of(pg)["POSTGRES_USER"], env_of(pg)["POSTGRES_DB"]
+    assert "pg_isready" in test and f"-U {user}" in test and f"-d {db}" in test
+
+
+@COMPOSES
+def test_every_stageprof_command_parses_with_the_cli(compose: dict[str, Any]) -> None:
+    commands = stageprof_commands(compose)
+    assert {name: [a.command for a in found] for name, found in commands.items()} == {
+        "migrate": ["db"],
+        "api": ["serve"],
+        "worker": ["worker"],
+    }
+    assert commands["migrate"][0].db_action == "upgrade"
+    assert commands["migrate"][0].revision == "head"
+
+
+def test_the_api_serves_on_its_published_port_with_several_workers() -> None:
+    api = BASE["services"]["api"]
+    (args,) = stageprof_commands(BASE)["api"]
+    assert args.host == "0.0.0.0" and args.workers >= 2
+    assert args.no_migrate  # the migrate service owns the schema
+    assert [int(p.split(":")[-1]) for p in api["ports"]] == [args.port]
+    assert f"127.0.0.1:{args.port}/healthz" in " ".join(api["healthcheck"]["test"])
+
+
+def test_every_stageprof_variable_is_one_the_code_reads() -> None:
+    read = {"STAGEPROF_" + name.upper() for name in Settings.model_fields}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            read |= set(re.findall(r"STAGEPROF_[A-Z_]+", path.read_text()))
+    set_here = {
+        name
+        for compose in (BASE, GPU)
+        for service in compose["services"].values()
+        for name in env_of(service)
+        if name.startswith("STAGEPROF_")
+    }
+    assert set_here, "no STAGEPROF_* variable found: the parser above is wrong"
+    assert set_here <= read, f"set in compose but read nowhere: {sorted(set_here - read)}"
+
+
+def test_migrate_api_and_workers_share_the_postgres_database() -> None:
+    services = BASE["services"]
+    urls = {
+        name: env_of(services[name])["STAGEPROF_DATABASE_URL"]
+        for name in STAGEPROF_SERVICES
+        if name != "ray-head"
+    }
+    assert len(set(urls.values())) == 1, urls
+    pg = env_of(services["postgres"])
+    user, password, db = pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], pg["POSTGRES_DB"]
+    expected = f"postgresql+psycopg://{user}:{password}@postgres:5432/{db}"
+    assert set(urls.values()) == {expected}
+
+
+def test_services_start_in_order() -> None:
+    services = BASE["services"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("api", "worker"):
+        condition = services[name]["depends_on"]["migrate"]["condition"]
+        assert condition == "service_completed_successfully", name
+    assert services["worker"]["depends_on"]["ray-head"]["condition"] == "service_healthy"
+    assert "healthcheck" in services["ray-head"]
+
+
+@COMPOSES
+def test_workers_join_the_ray_head_then_run_a_runner(compose: dict[str, Any]) -> None:
+    head, worker = compose["services"]["ray-head"], compose["services"]["worker"]
+    head_argv = service_argv(head)
+    assert head_argv[:3] == ["ray", "start", "--head"] and "--block" in head_argv
+    (port,) = [a.split("=", 1)[1] for a in head_argv if a.startswith("--port=")]
+    env = env_of(worker)
+    assert env["RAY_ADDRESS"] == f"ray-head:{port}"
+    ray_start, runner = shell_commands(service_argv(worker))
+    assert ray_start[:2] == ["ray", "start"] and "--address=$RAY_ADDRESS" in ray_start
+    assert stageprof_args(runner) is not None and runner[-len(_words(worker["command"])) :] == (
+        _words(worker["command"])
+    )
+    # The head, its nodes and the drivers share Ray's auth settings.
+    ray_auth = {k: v for k, v in env.items() if k.startswith("RAY_AUTH")}
+    assert ray_auth and ray_auth == {
+        k: v for k, v in env_of(head).items() if k.startswith("RAY_AUTH")
+    }
+
+
+def test_every_stageprof_service_builds_the_same_image() -> None:
+    services = BASE["services"]
+    assert {services[n]["image"] for n in STAGEPROF_SERVICES} == {"stageprof:latest"}
+    assert all(services[n]["build"] == "." for n in STAGEPROF_SERVICES)
+
+
+def test_the_gpu_override_reserves_nvidia_gpus_for_gpu_workers() -> None:
+    worker = GPU["services"]["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    (args,) = stageprof_commands(GPU)["worker"]
+    assert args.gpus and runner_config(args).use_gpus
+    assert env_of(worker)["STAGEPROF_USE_GPUS"] == "1"
+    # CUDA jax, built under its own tag: the CPU image of the other services stays as it is.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert worker["build"]["args"]["EXTRAS"] in extras
+    assert worker["image"] != BASE["services"]["worker"]["image"]
+    assert {GPU["services"][n]["image"] for n in ("migrate", "api")} == {"stageprof:latest"}
+    (cpu_args,) = stageprof_commands(BASE)["worker"]
+    assert not cpu_args.gpus
+
+
+def test_the_dockerfile_installs_every_package_and_runs_the_cli() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["stageprof"] == "client.cli:main"
+    included = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    copied = {
+        src for line in text.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]
+    }
+    assert {pattern.rstrip("*") for pattern in included} <= copied
+    assert pyproject["project"]["readme"] in copied
+    assert re.search(r"^ARG EXTRAS", text, re.M)  # the GPU override's build argument
+    (cmd,) = re.findall(r"^CMD (\[.*\])$", text, re.M)
+    words = yaml.safe_load(cmd)
+    assert parse(stageprof_args(words) or []).command == "serve"
