@@ -3,7 +3,7 @@
 Turns a table of stage measurements into a pipeline plan (Alpa's stage construction).
 """
 
-from planner.baselines import baseline_plans
+from planner.baselines import baseline_keys, baseline_plans
 from planner.candidates import CandidateSpace, enumerate_candidates
 from planner.choices import config_choices, logical_meshes, submesh_choices
 from planner.comm import boundary_bytes, transfer_seconds
@@ -21,6 +21,7 @@ __all__ = [
     "NoFeasiblePlan",
     "Schedule",
     "StagePruner",
+    "baseline_keys",
     "baseline_plans",
     "boundary_bytes",
     "build_cost_table",

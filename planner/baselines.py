@@ -65,6 +65,40 @@ def _plan(
     )
 
 
+def baseline_layouts(
+    num_layers: int, space: CandidateSpace, num_devices: int
+) -> list[tuple[str, list[tuple[int, int]], int | None]]:
+    """The baselines' shapes: (name, layer ranges, submesh id or None when none fits).
+
+    "data_parallel": one stage (0, L-1) on the whole-cluster submesh; "uniform_<n>": n equal
+    contiguous stages on equal submeshes, for every n >= 2 that divides both the layers and
+    the devices and has a submesh of that size."""
+    by_size: dict[int, int] = {}
+    for m, s in enumerate(space.submeshes):
+        by_size.setdefault(s.num_devices, m)
+    out: list[tuple[str, list[tuple[int, int]], int | None]] = [
+        ("data_parallel", [(0, num_layers - 1)], by_size.get(num_devices))
+    ]
+    for n in range(2, min(num_layers, num_devices) + 1):
+        if num_layers % n or num_devices % n or num_devices // n not in by_size:
+            continue
+        per = num_layers // n
+        ranges = [(p * per, (p + 1) * per - 1) for p in range(n)]
+        out.append((f"uniform_{n}", ranges, by_size[num_devices // n]))
+    return out
+
+
+def baseline_keys(num_layers: int, space: CandidateSpace, num_devices: int) -> set[Key]:
+    """Every candidate a baseline may use: measured even when pruning would skip them."""
+    return {
+        (start, end, m, c)
+        for _, ranges, m in baseline_layouts(num_layers, space, num_devices)
+        if m is not None
+        for start, end in ranges
+        for c in range(len(space.configs[m]))
+    }
+
+
 def baseline_plans(
     spec: ModelSpec,
     space: CandidateSpace,
@@ -72,48 +106,12 @@ def baseline_plans(
     num_devices: int,
     num_microbatches: int,
 ) -> list[BaselinePlan]:
-    """ "data_parallel": one stage (0, L-1) on the whole-cluster submesh, best config;
-    "uniform_<n>": n equal contiguous stages on equal submeshes, best config each, for every
-    n >= 2 that divides both the layers and the devices and has a submesh of that size."""
-    num_layers = spec.num_layers
-    by_size: dict[int, int] = {}
-    for m, s in enumerate(space.submeshes):
-        by_size.setdefault(s.num_devices, m)
+    """The baselines of `baseline_layouts`, each stage with its best usable config."""
     out = []
-    if num_devices in by_size:
-        out.append(
-            _plan(
-                "data_parallel",
-                spec,
-                space,
-                table,
-                [(0, num_layers - 1)],
-                by_size[num_devices],
-                num_microbatches,
-            )
-        )
-    else:
-        out.append(
-            BaselinePlan(
-                name="data_parallel",
-                iteration_time_s=None,
-                reason="no submesh spans the whole cluster",
-            )
-        )
-    for n in range(2, min(num_layers, num_devices) + 1):
-        if num_layers % n or num_devices % n or num_devices // n not in by_size:
-            continue
-        per = num_layers // n
-        ranges = [(p * per, (p + 1) * per - 1) for p in range(n)]
-        out.append(
-            _plan(
-                f"uniform_{n}",
-                spec,
-                space,
-                table,
-                ranges,
-                by_size[num_devices // n],
-                num_microbatches,
-            )
-        )
+    for name, ranges, m in baseline_layouts(spec.num_layers, space, num_devices):
+        if m is None:
+            reason = "no submesh spans the whole cluster"
+            out.append(BaselinePlan(name=name, iteration_time_s=None, reason=reason))
+        else:
+            out.append(_plan(name, spec, space, table, ranges, m, num_microbatches))
     return out

@@ -46,9 +46,12 @@ class StagePruner:
         options: PlanOptions,
         space: CandidateSpace,
         margin: float = 0.1,
+        keep: Iterable[Key] = (),
     ) -> None:
+        """`keep`: keys always worth measuring (e.g. the baselines' stages)."""
         self._spec, self._cluster, self._options, self._space = spec, cluster, options, space
         self._margin = margin
+        self._keep = frozenset(keep)
         self._results: dict[Key, StageProfileResult] = {}
         self._dirty = True
         self._upper = np.inf
@@ -91,6 +94,9 @@ class StagePruner:
 
     def prunable(self, keys: Iterable[Key]) -> bool:
         """True when the stage these keys share cannot be in a plan better than the best one."""
+        keys = list(keys)
+        if any(key in self._keep for key in keys):
+            return False
         self._refresh()
         if not np.isfinite(self._upper) or self._bounds is None:
             return False

@@ -262,7 +262,10 @@ class JobRunner:
         )
         pruner = None
         if options.prune:
-            pruner = planner.StagePruner(spec, cluster, options, space, options.prune_margin)
+            keep = planner.baseline_keys(spec.num_layers, space, cluster.num_devices)
+            pruner = planner.StagePruner(
+                spec, cluster, options, space, options.prune_margin, keep=keep
+            )
             for key, result in known.items():
                 pruner.add([key], result)
             # Small stages first: they are cheap and bound the big ones, which may then

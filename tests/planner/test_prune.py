@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from planner import (
     StagePruner,
+    baseline_keys,
+    baseline_plans,
     build_cost_table,
     enumerate_candidates,
     range_lower_bounds,
@@ -69,3 +71,23 @@ def test_pruned_search_finds_the_full_optimum(
             pruner.add([k], full[k])
     assert np.isclose(pruner.upper_bound, best.cost, rtol=1e-9)
     assert skipped + len(pruner.results) == len(keys)
+
+
+def test_baseline_stages_are_never_pruned() -> None:
+    spec = chain_spec(8)
+    cl = cluster(devices_per_host=4)
+    options = PlanOptions(num_microbatches=8)
+    space = enumerate_candidates(spec, cl, options)
+    keep = baseline_keys(spec.num_layers, space, cl.num_devices)
+    whole = [m for m, s in enumerate(space.submeshes) if s.num_devices == 4][0]
+    assert (0, 7, whole, 0) in keep  # data parallel on the whole cluster
+    assert {(0, 3), (4, 7)} <= {(a, b) for a, b, _, _ in keep}  # uniform_2
+    pruner = StagePruner(spec, cl, options, space, margin=0.0, keep=keep)
+    for k in sorted((k.as_tuple() for k in space.keys), key=lambda k: k[1] - k[0]):
+        if not pruner.prunable([k]):
+            a, b, m, _ = k
+            pruner.add([k], result(*space.resolve(k), 0.01 * (b - a + 1), 0.02 * (b - a + 1)))
+    assert keep <= set(pruner.results)
+    table = build_cost_table(spec, cl, space, pruner.results)
+    assert all(b.iteration_time_s is not None for b in baseline_plans(spec, space, table, 4, 8))
+    assert len(pruner.results) < len(space.keys)  # something was pruned all the same
