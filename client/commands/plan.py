@@ -9,7 +9,12 @@ import sys
 import time
 
 from client.commands.worker import add_runner_arguments, runner_config
-from client.commands.zoo_args import add_model_arguments, load_model, parse_overrides
+from client.commands.zoo_args import (
+    add_model_arguments,
+    load_model,
+    one_line,
+    parse_overrides,
+)
 from schemas import ClusterSpec, PlanOptions
 
 GIB = 2**30
@@ -85,23 +90,13 @@ def run(args: argparse.Namespace) -> int:
         if args.model is None:
             parse_overrides(args.overrides)
     except (ValidationError, ValueError) as err:
-        print(f"stageprof plan: {_one_line(err)}", file=sys.stderr)
+        print(f"stageprof plan: {one_line(err)}", file=sys.stderr)
         return 2
     if args.server:
         from client.commands.plan_remote import run_remote
 
         return run_remote(args, cluster, options)
     return _run_local(args, cluster, options)
-
-
-def _one_line(err: Exception) -> str:
-    from pydantic import ValidationError
-
-    if isinstance(err, ValidationError):
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        return f"{loc}: {first['msg']}"
-    return str(err)
 
 
 def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
@@ -134,7 +129,7 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         spec = load_model(args)
         options.check_micro_batch(spec.micro_batch_size)
     except (ValueError, OSError) as err:
-        print(f"stageprof plan: {_one_line(err)}", file=sys.stderr)
+        print(f"stageprof plan: {one_line(err)}", file=sys.stderr)
         return 2
     url = args.database_url or database_url()
     if url.startswith("sqlite"):

@@ -12,7 +12,12 @@ import re
 import sys
 from typing import Any
 
-from client.commands.zoo_args import add_model_arguments, load_model, parse_overrides
+from client.commands.zoo_args import (
+    add_model_arguments,
+    load_model,
+    one_line,
+    parse_overrides,
+)
 from schemas import (
     ClusterSpec,
     ModuleProfileResult,
@@ -107,29 +112,19 @@ def _parts(
     return submesh, config, cluster, options
 
 
-def _one_line(err: Exception) -> str:
-    from pydantic import ValidationError
-
-    if isinstance(err, ValidationError):
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        return f"{loc}: {first['msg']}" if loc else str(first["msg"])
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
-
-
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     try:
         submesh, config, cluster, options = _parts(args)
     except (ValidationError, ValueError) as err:
-        print(f"stageprof profile: {_one_line(err)}", file=sys.stderr)
+        print(f"stageprof profile: {one_line(err)}", file=sys.stderr)
         return 2
     ensure_cpu_devices(submesh.num_devices)
     try:
         spec = load_model(args)
     except (ValidationError, ValueError, OSError) as err:
-        print(f"stageprof profile: {_one_line(err)}", file=sys.stderr)
+        print(f"stageprof profile: {one_line(err)}", file=sys.stderr)
         return 2
     if not 0 <= args.start <= args.end < spec.num_layers:
         print(

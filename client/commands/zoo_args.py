@@ -43,3 +43,14 @@ def load_model(args: argparse.Namespace) -> ModelSpec:
     from client import zoo
 
     return zoo.build(args.zoo, **parse_overrides(args.overrides))
+
+
+def one_line(err: Exception) -> str:
+    """A one-line message for bad arguments: `field.path: reason` for validation errors."""
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return f"{loc}: {first['msg']}" if loc else str(first["msg"])
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
