@@ -5,6 +5,7 @@ variable is one the code reads, the services start in order and share one databa
 import argparse
 import contextlib
 import io
+import os
 import re
 import shlex
 import tomllib
@@ -45,8 +46,6 @@ COMPOSES = pytest.mark.parametrize("compose", [BASE, GPU], ids=["cpu", "gpu"])
 @pytest.fixture(autouse=True)
 def _no_stageprof_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """CLI defaults read STAGEPROF_* at parser build time: keep this shell's out of them."""
-    import os
-
     for name in [n for n in os.environ if n.startswith("STAGEPROF_")]:
         monkeypatch.delenv(name)
 
@@ -201,9 +200,7 @@ def test_workers_join_the_ray_head_then_run_a_runner(compose: dict[str, Any]) ->
     assert env["RAY_ADDRESS"] == f"ray-head:{port}"
     ray_start, runner = shell_commands(service_argv(worker))
     assert ray_start[:2] == ["ray", "start"] and "--address=$RAY_ADDRESS" in ray_start
-    assert stageprof_args(runner) is not None and runner[-len(_words(worker["command"])) :] == (
-        _words(worker["command"])
-    )
+    assert stageprof_args(runner) == ["worker", *_words(worker["command"])]
     # The head, its nodes and the drivers share Ray's auth settings.
     ray_auth = {k: v for k, v in env.items() if k.startswith("RAY_AUTH")}
     assert ray_auth and ray_auth == {
