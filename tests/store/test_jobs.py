@@ -166,3 +166,34 @@ def test_list_jobs_newest_first_and_pages(session: Session) -> None:
     assert [j.id for j in page] == ids[::-1][:2]
     rest = list_jobs(session, limit=2, before=page[-1].id)
     assert [j.id for j in rest] == [ids[0]]
+
+
+def test_status_moves_model_attach_and_counts(session: Session) -> None:
+    from store import count_jobs_by_status, is_cancel_requested, set_job_model, set_job_status
+
+    job = create_job(
+        session, zoo_name="mlp", zoo_config={}, cluster=ClusterSpec(), options=PlanOptions()
+    )
+    assert count_jobs_by_status(session).get("queued", 0) >= 1
+    assert not set_job_status(session, job_id=job.id, owner="r1", status=JobStatus.planning)
+    claim_job(session, owner="r1", lease_seconds=30)
+    assert not set_job_status(session, job_id=job.id, owner="r2", status=JobStatus.planning)
+    assert set_job_status(session, job_id=job.id, owner="r1", status=JobStatus.planning)
+    model, _ = put_model(session, spec=tiny_spec())
+    set_job_model(session, job_id=job.id, model_id=model.id)
+    session.refresh(job)
+    assert job.status == "planning" and job.model_id == model.id
+    assert not is_cancel_requested(session, job_id=job.id)
+    request_cancel(session, job_id=job.id)
+    assert is_cancel_requested(session, job_id=job.id)
+    assert count_jobs_by_status(session).get("planning", 0) >= 1
+
+
+def test_models_listed_newest_first(session: Session) -> None:
+    from store import get_model_row, list_models
+
+    a, _ = put_model(session, spec=tiny_spec(width=8))
+    b, _ = put_model(session, spec=tiny_spec(width=16))
+    ids = [m.id for m in list_models(session, limit=10)]
+    assert ids.index(b.id) < ids.index(a.id)
+    assert get_model_row(session, model_id=a.id) is a
