@@ -16,6 +16,7 @@ The last line printed is one JSON object with every figure.
 
 import argparse
 import json
+import logging
 import math
 import statistics
 import sys
@@ -28,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner import submesh_choices, training_dp  # noqa: E402
 from planner.reference import ALPA_GAP, solve_bound_loops, training_dp_loops  # noqa: E402
+
+logger = logging.getLogger("planner_bench")
 
 LAYERS = (8, 16, 32, 64)
 CLUSTERS = {8: (1, 8), 16: (2, 8), 64: (8, 8)}  # devices -> (hosts, devices per host)
@@ -54,7 +57,8 @@ def make_table(
         work = np.abs(prefix[None, 1:] - prefix[:-1, None])[:, :, None, None]
         cost = work / sizes**0.9 * rng.uniform(1.0, 1.3, shape)
         memory = np.broadcast_to(np.maximum(work, 1e-3) / sizes, shape)
-        mns = np.floor(8.0 / memory - 1).astype(np.int64)
+        capacity = 4.0 * prefix[-1] / num_devices  # a balanced 4-stage pipeline just fits
+        mns = np.floor(capacity / memory - 1).astype(np.int64)
     else:
         cost = rng.random(shape)
         mns = rng.integers(-1, 8, shape) if kind == "alpa_mem" else np.full(shape, 4096)
@@ -108,9 +112,13 @@ def run_case(num_layers: int, devices: int, kind: str, repeats: int, cap: float,
         "fast_stages": len(fast.stages),
         "fast_bounds_solved": fast.num_bounds_solved,
     }
-    bounds = alpa_bounds(cost, fast.cost) if math.isfinite(fast.cost) else None
+    logger.info("L=%d devices=%d %s: fast %.1f ms", num_layers, devices, kind, 1e3 * times[-1])
+    if math.isfinite(fast.cost):
+        bounds = alpa_bounds(cost, fast.cost)
+    else:  # no plan: Alpa's walk never stops early
+        bounds = int(np.unique(cost[np.isfinite(cost)]).size)
     iters = loop_iterations(num_layers, sizes, cost.shape[3], devices)
-    estimate = rate * iters * max(bounds or 1, 1)
+    estimate = 2 * rate * iters * max(bounds, 1)  # calibration runs ~2x optimistic
     case.update(loop_bounds_at_least=bounds, loop_estimate_s=estimate)
     if estimate > cap:
         case.update(loop_s=None, loop_cost=None, agree=None, loop_skipped=f"est. > {cap:g} s")
@@ -121,6 +129,7 @@ def run_case(num_layers: int, devices: int, kind: str, repeats: int, cap: float,
     agree = (math.isinf(slow.cost) and math.isinf(fast.cost)) or math.isclose(
         slow.cost, fast.cost, rel_tol=1e-9
     )
+    logger.info("L=%d devices=%d %s: loops %.1f s", num_layers, devices, kind, elapsed)
     case.update(
         loop_s=elapsed,
         loop_cost=slow.cost,
@@ -182,6 +191,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="L <= 16 only")
     args = parser.parse_args()
     rate = seconds_per_iteration()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     cases = []
     for num_layers in LAYERS:
         if args.quick and num_layers > 16:
