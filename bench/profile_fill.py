@@ -52,8 +52,8 @@ def ensure_database(url: str) -> None:
     admin.dispose()
 
 
-def reset_schema(url: str) -> None:
-    """Drop everything in the database's public schema, then migrate to head."""
+def reset_schema(url: str, revision: str = "head") -> None:
+    """Drop everything in the database's public schema, then migrate to `revision`."""
     from migrations import upgrade
 
     engine = make_engine(url)
@@ -61,7 +61,7 @@ def reset_schema(url: str) -> None:
         conn.exec_driver_sql("DROP SCHEMA public CASCADE")
         conn.exec_driver_sql("CREATE SCHEMA public")
     engine.dispose()
-    upgrade(url)
+    upgrade(url, revision)
 
 
 def _hash(*parts: Any) -> str:
@@ -269,13 +269,15 @@ class _Filler:
         self.summary.profiles = len(self.profiles)
 
 
-def fill(url: str, *, rows: int = 100_000, seed: int = 7, models: int = 40) -> FillSummary:
-    """Reset the database at `url` and insert `rows` candidates with their profiles."""
+def fill(
+    url: str, *, rows: int = 100_000, seed: int = 7, models: int = 40, revision: str = "head"
+) -> FillSummary:
+    """Reset the database at `url` (migrated to `revision`) and insert `rows` candidates."""
     import time
 
     began = time.perf_counter()
     ensure_database(url)
-    reset_schema(url)
+    reset_schema(url, revision)
     engine = make_engine(url)
     filler = _Filler(engine, random.Random(seed), rows)
     filler.add_models(models)

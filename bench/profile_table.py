@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=200, help="timed requests per shape")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="reuse the stored rows if present")
+    parser.add_argument(
+        "--revision", default="head", help="migrate to this revision (e.g. 0002: before 0003)"
+    )
     parser.add_argument("--quick", action="store_true", help="5k rows, 20 requests (smoke)")
     return parser.parse_args(argv)
 
@@ -78,7 +81,10 @@ def shapes(rng: random.Random, jobs: list[str], models: list[str]) -> dict[str, 
             "end_max": 9,
             "sort": "start",
         },
+        "model, by start": lambda: {"model_id": rng.choice(models), "sort": "start"},
+        "model, recent first": lambda: {"model_id": rng.choice(models), "sort": "-recorded_at"},
         "all, by cost": lambda: {"sort": "compute_cost"},
+        "all, by start": lambda: {"sort": "start"},
         "all, status pruned, recent first": lambda: {"status": "pruned", "sort": "-recorded_at"},
         "devices 4 + strategy megatron, by cost": lambda: {
             "num_devices": 4,
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep:
         summary = existing(args.url, rows)
     if summary is None:
-        summary = fill(args.url, rows=rows, seed=args.seed)
+        summary = fill(args.url, rows=rows, seed=args.seed, revision=args.revision)
     work = Path(tempfile.mkdtemp(prefix="stageprof-table-"))
     proc, base = serve(args.url, work)
     results: dict[str, Any] = {}
@@ -312,6 +318,7 @@ def report(
         "goal_p95_ms": GOAL_P95_MS,
         "goal_met": worst < GOAL_P95_MS,
         "keyset_vs_offset": deep,
+        "revision": args.revision,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "commit": common.git_commit(),
     }

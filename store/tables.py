@@ -136,6 +136,14 @@ class JobCandidateRow(Base):
         ),
         Index("ix_job_candidates_memory", "peak_memory", "id"),
         Index("ix_job_candidates_recorded", "recorded_at", "id"),
+        # A model's profile table under every sort, the global sort by start, and status
+        # filters that match few rows (migration 0003; bench/profile_table.py).
+        Index("ix_job_candidates_start", "start", "id"),
+        Index("ix_job_candidates_model_memory", "model_id", "peak_memory", "id"),
+        Index("ix_job_candidates_model_start", "model_id", "start", "id"),
+        Index("ix_job_candidates_model_recorded", "model_id", "recorded_at", "id"),
+        Index("ix_job_candidates_model_status", "model_id", "status", "id"),
+        Index("ix_job_candidates_status", "status"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
