@@ -7,11 +7,14 @@ figures (`emit_json`)."""
 import json
 import logging
 import math
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +143,60 @@ class JobRun:
     wall_seconds: float
     results: dict[tuple[int, int, int, int], Any]  # key -> StageProfileResult
     store_seconds: float
+    busy_seconds: float  # actor time inside measure calls (dispatch -> result collected)
+    tasks: int
+    load_avg: float  # mean 1-minute load average of the machine during the run
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every `every_s` seconds while in a `with` block."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float:
+        return round(statistics.fmean(self.samples), 2) if self.samples else math.nan
+
+
+@contextmanager
+def counting_actor_time() -> Iterator[dict[str, float]]:
+    """Within the block, the runner's pools add each task's time on an actor (from dispatch
+    to its result collected) to `clock["busy"]` and count tasks in `clock["tasks"]`."""
+    import workers.runner as runner_module
+    from workers.pool import MeasurePool
+
+    clock = {"busy": 0.0, "tasks": 0.0}
+
+    class CountingPool(MeasurePool):
+        def _collect(self, slot: Any, task: Any) -> list:
+            clock["busy"] += time.monotonic() - slot.started
+            clock["tasks"] += 1
+            return super()._collect(slot, task)
+
+    original = runner_module.MeasurePool
+    runner_module.MeasurePool = CountingPool  # type: ignore[misc]
+    try:
+        yield clock
+    finally:
+        runner_module.MeasurePool = original  # type: ignore[misc]
 
 
 def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config: Any) -> JobRun:
@@ -167,13 +224,23 @@ def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config:
         model, _ = put_model(s, spec=spec)
         job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
     runner = _TimedRunner(sessions, runner_config)
-    began = time.perf_counter()
-    outcome = runner.run_next(job_id)
-    wall = time.perf_counter() - began
+    with counting_actor_time() as clock, LoadSampler() as load:
+        began = time.perf_counter()
+        outcome = runner.run_next(job_id)
+        wall = time.perf_counter() - began
     assert outcome is not None, "the job just queued could not be claimed"
     with session_scope(sessions) as s:
         results = dict(job_results(s, job_id=job_id))
-    return JobRun(job_id, outcome, wall, results, runner.store_seconds)
+    return JobRun(
+        job_id,
+        outcome,
+        wall,
+        results,
+        runner.store_seconds,
+        busy_seconds=clock["busy"],
+        tasks=int(clock["tasks"]),
+        load_avg=load.mean,
+    )
 
 
 def plan_keys(plan: Any) -> list[tuple[int, int, int, int]]:

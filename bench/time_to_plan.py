@@ -70,10 +70,14 @@ def breakdown(run: common.JobRun, workers: int) -> dict[str, float]:
     out |= {
         "compile_s": round(compiled, 3),
         "timed_runs_s": round(runs_s, 3),
+        # inside measure calls but neither: warm-up runs, composing, allocating, memory and
+        # cost analysis, Ray transfer, and an actor's start-up before its first candidate
+        "task_other_s": round(max(0.0, run.busy_seconds - compiled - runs_s), 3),
+        # actors without a candidate: start-up, the driver storing results and pruning, the
+        # tail when fewer candidates than actors are left
+        "idle_s": round(max(0.0, actor_s - run.busy_seconds), 3),
         "store_s": round(run.store_seconds, 3),
         "actor_s": round(actor_s, 3),
-        # warm-up runs, composing, allocating, memory analysis, actor start, Ray, idle actors
-        "other_s": round(max(0.0, actor_s - compiled - runs_s), 3),
     }
     return out
 
@@ -91,6 +95,7 @@ def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
         "pruned": stats.pruned,
         "failed": stats.failed,
         "wall_s": round(run.wall_seconds, 2),
+        "load_avg": run.load_avg,
         "plan": common.plan_keys(plan) if plan else None,
         "plan_cost_s": plan.dp_cost_s if plan else None,
         "breakdown": breakdown(run, workers),
@@ -196,12 +201,13 @@ def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> Non
             ("pruned", "pruned"),
             ("failed", "failed"),
             ("wall, s", "wall_s"),
+            ("load average (mean)", "load_avg"),
             ("plan cost (own table), s", "plan_cost_s"),
         )
     ]
     for k in ("compile_forward_s", "compile_backward_s", "compile_apply_grad_s"):
         rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
-    for k in ("timed_runs_s", "store_s", "other_s", "actor_s"):
+    for k in ("timed_runs_s", "task_other_s", "idle_s", "store_s", "actor_s"):
         rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
     title = (
         f"time to plan: gpt {out['blocks']} blocks, {out['cluster']}, B={out['micro_batches']}, "

@@ -1,0 +1,151 @@
+"""Repeatability: measure the same stage candidates twice and compare compute_cost.
+
+A tiny GPT on 1 host x 8 virtual CPU devices with submeshes of 1, 2 and 4 devices (every
+layer range on each; identical blocks measured once), measured by two jobs on fresh stores,
+no pruning. For each submesh size: the median over stages of |a - b| / ((a + b) / 2), where
+a and b are a stage's compute_cost (forward + backward) in the two runs. Ours is the median
+of the timed runs (`PlanOptions.repeats`); next to it, the same samples as Alpa reduces them
+(their mean) and a single timed run (the first).
+
+Usage: python bench/repeatability.py [--layers 4] [--repeats 5] [--workers 2] [--quick]
+The last line printed is one JSON object with every figure.
+"""
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import common  # bench/common.py (the script's directory is on sys.path)
+
+SUBMESHES = [(1, 1), (1, 2), (1, 4)]
+REDUCTIONS = ("median", "mean", "first")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per module")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
+    parser.add_argument("--workers", type=int, default=2, help="measuring actors")
+    parser.add_argument("--quick", action="store_true", help="2 blocks, 3 repeats (smoke)")
+    parser.add_argument("--work-dir", help="where the SQLite files go (default: a temp dir)")
+    return parser.parse_args(argv)
+
+
+def stage_time(result: Any, how: str) -> float:
+    """forward + backward of a result, its samples reduced `how`."""
+    total = 0.0
+    for kind in ("forward", "backward"):
+        module = next(m for m in result.module_profile_results if m.module.value == kind)
+        samples = list(module.compute_cost_samples_s)
+        if how == "median":
+            total += module.compute_cost
+        elif how == "mean":
+            total += statistics.fmean(samples)
+        else:
+            total += samples[0]
+    return total
+
+
+def relative_differences(first: common.JobRun, second: common.JobRun) -> dict[int, dict]:
+    """Per submesh size: |a - b| / mean(a, b) of every stage ok in both runs, per reduction."""
+    a = {r.fingerprint: r for r in first.results.values() if r.ok}
+    b = {r.fingerprint: r for r in second.results.values() if r.ok}
+    out: dict[int, dict[str, list[float]]] = {}
+    for fp in sorted(a.keys() & b.keys()):
+        size = a[fp].submesh.num_devices
+        per = out.setdefault(size, {how: [] for how in REDUCTIONS})
+        for how in REDUCTIONS:
+            x, y = stage_time(a[fp], how), stage_time(b[fp], how)
+            per[how].append(abs(x - y) / ((x + y) / 2) if x + y > 0 else 0.0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    common.setup_logging()
+    from workers.ray_env import connect_ray
+
+    connect_ray(num_cpus=args.workers)  # before jax is imported: Ray forks its processes
+
+    from client import zoo
+    from schemas import ClusterSpec, PlanOptions
+    from workers.runner import RunnerConfig
+
+    layers = 2 if args.quick else args.layers
+    repeats = 3 if args.quick else args.repeats
+    spec = zoo.build("gpt", num_layers=layers, **common.QUICK_WIDTHS)
+    cluster = ClusterSpec(num_hosts=1, devices_per_host=8)
+    options = PlanOptions(
+        num_microbatches=4,
+        submesh_space="manual",
+        manual_submeshes=SUBMESHES,
+        config_space="data_parallel_only",
+        strategies=["data"],
+        repeats=repeats,
+        warmup=args.warmup,
+        prune=False,
+        candidate_timeout_s=600,
+    )
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="stageprof-repeat-"))
+    work.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for name in ("first", "second"):
+        sessions = common.sqlite_sessions(work / f"{name}.db")
+        config = RunnerConfig(num_workers=args.workers, devices_per_worker=4)
+        runs.append(common.run_job(sessions, spec, cluster, options, config))
+    diffs = relative_differences(*runs)
+    out = report(args, layers, repeats, runs, diffs)
+    common.emit_json(out)
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    layers: int,
+    repeats: int,
+    runs: list[common.JobRun],
+    diffs: dict[int, dict[str, list[float]]],
+) -> dict[str, Any]:
+    per_size = {
+        str(size): {
+            "stages": len(d["median"]),
+            **{f"median_abs_rel_diff_{how}": round(common.median(d[how]), 4) for how in REDUCTIONS},
+            "p90_abs_rel_diff_median": round(common.percentile(d["median"], 90), 4),
+        }
+        for size, d in sorted(diffs.items())
+    }
+    from rich.table import Table
+
+    table = Table(
+        title=f"repeatability: median over stages of |a-b|/mean(a,b) of compute_cost, two "
+        f"runs, gpt {layers} blocks, {repeats} timed runs per module"
+    )
+    for col in ("submesh", "stages", f"ours (median of {repeats})", "Alpa (mean)", "one run"):
+        table.add_column(col, justify="left" if col == "submesh" else "right")
+    for size, fig in per_size.items():
+        table.add_row(
+            f"{size} device(s)",
+            str(fig["stages"]),
+            *(common.fmt(fig[f"median_abs_rel_diff_{how}"]) for how in REDUCTIONS),
+        )
+    common.console().print(table)
+    return {
+        "model": "gpt",
+        "blocks": layers,
+        "widths": common.QUICK_WIDTHS,
+        "submeshes": SUBMESHES,
+        "repeats": repeats,
+        "warmup": args.warmup,
+        "metric": "median over stages of |a - b| / ((a + b) / 2), compute_cost = fwd + bwd",
+        "per_submesh_size": per_size,
+        "wall_s": [round(r.wall_seconds, 1) for r in runs],
+        "load_avg": [r.load_avg for r in runs],
+        "commit": common.git_commit(),
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
