@@ -58,16 +58,22 @@ def console() -> Console:
 
 
 def emit_json(figures: dict[str, Any]) -> None:
-    """Print the figures as one JSON object: the script's last line."""
+    """Print the figures as one JSON object (nan and inf as null): the script's last line."""
     sys.stdout.flush()
-    print(json.dumps(figures, sort_keys=True, default=_jsonable), flush=True)
+    print(json.dumps(_finite(figures), sort_keys=True, allow_nan=False), flush=True)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
     if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
+        return _finite(value.model_dump(mode="json"))
+    if value is None or isinstance(value, bool | int | str):
+        return value
     return str(value)
 
 

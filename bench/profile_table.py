@@ -37,8 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--url", default=os.environ.get("STAGEPROF_BENCH_POSTGRES_URL", DEFAULT_URL)
     )
-    parser.add_argument("--rows", type=int, default=100_000, help="candidate rows to store")
-    parser.add_argument("--requests", type=int, default=200, help="timed requests per shape")
+    parser.add_argument("--rows", type=int, help="candidate rows to store (100000; quick 5000)")
+    parser.add_argument("--requests", type=int, help="timed requests per shape (200; quick 20)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="reuse the stored rows if present")
     parser.add_argument(
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from store import make_engine
 
-    rows = 5000 if args.quick else args.rows
-    n = 20 if args.quick else args.requests
+    rows = args.rows or (5000 if args.quick else 100_000)
+    n = args.requests or (20 if args.quick else 200)
     summary = None
     if args.keep:
         summary = existing(args.url, rows)

@@ -25,7 +25,7 @@ REDUCTIONS = ("median", "mean", "first")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--layers", type=int, help="transformer blocks (default 4; --quick 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per module")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
     parser.add_argument("--workers", type=int, default=2, help="measuring actors")
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from schemas import ClusterSpec, PlanOptions
     from workers.runner import RunnerConfig
 
-    layers = 2 if args.quick else args.layers
+    layers = args.layers or (2 if args.quick else 4)
     repeats = 3 if args.quick else args.repeats
     spec = zoo.build("gpt", num_layers=layers, **common.QUICK_WIDTHS)
     cluster = ClusterSpec(num_hosts=1, devices_per_host=8)

@@ -1,0 +1,66 @@
+"""Smoke tests of the bench/ scripts at tiny settings: each ends with one JSON line carrying
+its figures. Wall times are never asserted (the machine is shared); what the figures must
+satisfy whatever the timing is."""
+
+import os
+
+import pytest
+
+from tests.bench.conftest import run_script
+from tests.conftest import postgres_url
+
+RUN_KEYS = {"candidates", "distinct_stages", "measured", "compiles", "pruned", "wall_s", "plan"}
+BREAKDOWN_KEYS = {"compile_forward_s", "compile_backward_s", "compile_apply_grad_s"}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_time_to_plan() -> None:
+    out = run_script("time_to_plan.py", "--layers", "2", "--quick", "--micro-batches", "4")
+    assert {"ratio", "same_plan", "plan_gap", "config_space", "strategies"} <= set(out)
+    assert out["config_space"] == "data_parallel_only" and out["strategies"] == ["data"]
+    ours, exhaustive = out["ours"], out["exhaustive"]
+    assert RUN_KEYS <= set(ours) and RUN_KEYS <= set(exhaustive)
+    assert BREAKDOWN_KEYS <= set(ours["breakdown"])
+    # the exhaustive way measures every candidate on its own; ours each distinct stage at
+    # most once (the two identical blocks are one stage)
+    assert exhaustive["measured"] == exhaustive["candidates"] == ours["candidates"]
+    assert ours["measured"] + ours["pruned"] == ours["distinct_stages"] < ours["candidates"]
+    assert ours["compiles"] == 3 * ours["measured"]
+    assert isinstance(out["same_plan"], bool) and out["ratio"] > 0
+    # our plan is costed on the exhaustive table: never better than that table's optimum
+    assert out["plan_gap"] >= -1e-9
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_warm_replan() -> None:
+    out = run_script("warm_replan.py", "--layers", "1", "--quick", "--repeats", "1")
+    keys = {"cold_s", "warm_s", "warm_by_model_id_s", "idle_sleep_s", "same_plan", "goal_met"}
+    assert keys <= set(out)
+    assert out["warm_measured"] == 0  # every profile stored: nothing measured again
+    assert out["same_plan"] is True
+    assert out["idle_sleep_s"] == 0.2
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_repeatability() -> None:
+    out = run_script("repeatability.py", "--layers", "1", "--quick")
+    sizes = out["per_submesh_size"]
+    assert set(sizes) == {"1", "2", "4"}
+    for fig in sizes.values():
+        assert fig["stages"] > 0
+        assert fig["median_abs_rel_diff_median"] >= 0 and fig["median_abs_rel_diff_mean"] >= 0
+
+
+@pytest.mark.postgres
+def test_profile_table() -> None:
+    base = postgres_url().rsplit("/", 1)[0]
+    url = os.environ.get("STAGEPROF_BENCH_TEST_POSTGRES_URL", f"{base}/stageprof_bench_test")
+    out = run_script("profile_table.py", "--quick", "--url", url, "--requests", "5")
+    assert out["candidates"] == 5000 and out["profiles"] > 0
+    assert {"p50_ms", "p95_ms"} <= set(out["shapes"]["job, by cost"])
+    assert {"worst_p95_ms", "goal_met", "goal_p95_ms"} <= set(out)
+    # the keyset page returns the same rows as the OFFSET page at every depth
+    assert out["keyset_vs_offset"] and all(d["same_rows"] for d in out["keyset_vs_offset"])
