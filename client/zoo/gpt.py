@@ -1,8 +1,5 @@
 """GPT: layers = [embedding, num_layers transformer blocks, LM head + loss]."""
 
-import jax
-
-from client.layers import layer
 from client.zoo import transformer as tf
 from client.zoo.base import Built, Config, ZooModel
 
@@ -46,17 +43,8 @@ def make(c: Config) -> Built:
     for i in range(n):
         axes |= tf.attention_axes(f"blocks/{i}") | tf.mlp_axes(f"blocks/{i}")
 
-    def loss_fn(p: dict, batch: dict[str, jax.Array]) -> jax.Array:
-        with layer("embed"):
-            x = tf.embed(p["embed"], batch["tokens"])
-        for i, bp in enumerate(p["blocks"]):
-            with layer(f"block{i}"):
-                x = tf.mlp(bp, tf.attention(bp, x, heads))
-        with layer("head"):
-            return tf.lm_loss(p["head"], x, batch["labels"])
-
-    return Built(
-        loss_fn, params, tf.token_batch(b, s), axes, lambda k: tf.sample_tokens(k, b, s, v)
+    return tf.language_model(
+        params, axes, lambda _i, bp, x: tf.mlp(bp, tf.attention(bp, x, heads)), b, s, v
     )
 
 

@@ -4,7 +4,6 @@
 import jax
 import jax.numpy as jnp
 
-from client.layers import layer
 from client.zoo import transformer as tf
 from client.zoo.base import Built, Config, ZooModel, f32
 
@@ -124,19 +123,11 @@ def make(c: Config) -> Built:
         axes |= moe_axes(prefix) if i % 2 == 0 else tf.mlp_axes(prefix)
     params = {"embed": tf.embed_params(v, s, h), "blocks": blocks, "head": tf.head_params(h, v)}
 
-    def loss_fn(p: dict, batch: dict[str, jax.Array]) -> jax.Array:
-        with layer("embed"):
-            x = tf.embed(p["embed"], batch["tokens"])
-        for i, bp in enumerate(p["blocks"]):
-            with layer(f"block{i}"):
-                x = tf.attention(bp, x, heads)
-                x = moe_ffn(bp, x, group) if i % 2 == 0 else tf.mlp(bp, x)
-        with layer("head"):
-            return tf.lm_loss(p["head"], x, batch["labels"])
+    def block(i: int, bp: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        x = tf.attention(bp, x, heads)
+        return moe_ffn(bp, x, group) if i % 2 == 0 else tf.mlp(bp, x)
 
-    return Built(
-        loss_fn, params, tf.token_batch(b, s), axes, lambda k: tf.sample_tokens(k, b, s, v)
-    )
+    return tf.language_model(params, axes, block, b, s, v)
 
 
 MODEL = ZooModel(

@@ -4,10 +4,13 @@ Parameters are dicts of `jax.ShapeDtypeStruct`; logical axes use 'embed', 'heads
 'vocab' ('heads', 'mlp', 'vocab' split on the model axis for megatron sharding).
 """
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
-from client.zoo.base import f32
+from client.layers import layer
+from client.zoo.base import Built, f32
 
 EPS = 1e-5
 
@@ -129,3 +132,34 @@ def sample_tokens(key: jax.Array, batch: int, seq: int, vocab: int) -> dict[str,
         "tokens": jax.random.randint(kt, (batch, seq), 0, vocab, dtype=jnp.int32),
         "labels": jax.random.randint(kl, (batch, seq), 0, vocab, dtype=jnp.int32),
     }
+
+
+Block = Callable[[int, dict[str, jax.Array], jax.Array], jax.Array]
+
+
+def language_model(
+    params: dict,
+    axes: dict[str, tuple[str | None, ...]],
+    block: Block,
+    batch: int,
+    seq: int,
+    vocab: int,
+) -> Built:
+    """Layers [embed, block0 … blockN-1, head + loss] around `block(i, params_i, x) -> x`."""
+
+    def loss_fn(p: dict, tokens: dict[str, jax.Array]) -> jax.Array:
+        with layer("embed"):
+            x = embed(p["embed"], tokens["tokens"])
+        for i, bp in enumerate(p["blocks"]):
+            with layer(f"block{i}"):
+                x = block(i, bp, x)
+        with layer("head"):
+            return lm_loss(p["head"], x, tokens["labels"])
+
+    return Built(
+        loss_fn,
+        params,
+        token_batch(batch, seq),
+        axes,
+        lambda k: sample_tokens(k, batch, seq, vocab),
+    )
