@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from schemas import LayerSpec, ModelSpec, ParamSpec, VarSpec
+from workers.fingerprint import stage_io
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +55,13 @@ def compose_stage(spec: ModelSpec, start: int, end: int) -> StageProgram:
         raise ValueError(f"bad layer range {start}..{end} for {spec.num_layers} layers")
     layers = spec.layers[start : end + 1]
     params: dict[str, ParamSpec] = {}
-    inputs: dict[str, VarSpec] = {}
-    produced: set[str] = set()
     for layer in layers:
         for p in layer.params:
             params.setdefault(p.name, p)
-        for v in layer.inputs:
-            if v.name not in produced:
-                inputs.setdefault(v.name, v)
-        produced.update(v.name for v in layer.outputs)
-    used_later = {v.name for layer in spec.layers[end + 1 :] for v in layer.inputs}
-    if end == spec.num_layers - 1:
-        used_later.add(spec.loss)
-    outputs = [v for layer in layers for v in layer.outputs if v.name in used_later]
+    inputs, outputs = stage_io(spec, start, end)
     exported = [load_layer(layer) for layer in layers]
     param_names = list(params)
-    input_names = list(inputs)
+    input_names = [v.name for v in inputs]
     output_names = [v.name for v in outputs]
 
     def fn(
@@ -82,9 +74,7 @@ def compose_stage(spec: ModelSpec, start: int, end: int) -> StageProgram:
             env.update(zip((v.name for v in layer.outputs), exp.call(*args), strict=True))
         return tuple(env[name] for name in output_names)
 
-    return StageProgram(
-        params=list(params.values()), inputs=list(inputs.values()), outputs=outputs, fn=fn
-    )
+    return StageProgram(params=list(params.values()), inputs=inputs, outputs=outputs, fn=fn)
 
 
 def _aval_str(shape: tuple[int, ...], dtype: str) -> str:
