@@ -152,6 +152,7 @@ class JobRun:
     busy_seconds: float  # actor time inside measure calls (dispatch -> result collected)
     tasks: int
     load_avg: float  # mean 1-minute load average of the machine during the run
+    fingerprints: dict[tuple[int, int, int, int], str]  # every candidate's stage fingerprint
 
 
 class LoadSampler:
@@ -208,7 +209,10 @@ def counting_actor_time() -> Iterator[dict[str, float]]:
 def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config: Any) -> JobRun:
     """Queue `spec` on `cluster` in the store and run it with a fresh `JobRunner` (local Ray
     must be connected). Wall time is submit → plan stored: the runner's whole job."""
+    from sqlalchemy import select
+
     from store import create_job, job_results, put_model, session_scope
+    from store.tables import JobCandidateRow as C
     from workers.runner import JobRunner
 
     class _TimedRunner(JobRunner):
@@ -237,6 +241,12 @@ def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config:
     assert outcome is not None, "the job just queued could not be claimed"
     with session_scope(sessions) as s:
         results = dict(job_results(s, job_id=job_id))
+        rows = s.execute(
+            select(C.start, C.end, C.submesh_id, C.config_id, C.fingerprint).where(
+                C.job_id == job_id
+            )
+        )
+        fingerprints = {(a, b, m, c): fp for a, b, m, c, fp in rows}
     return JobRun(
         job_id,
         outcome,
@@ -246,6 +256,7 @@ def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config:
         busy_seconds=clock["busy"],
         tasks=int(clock["tasks"]),
         load_avg=load.mean,
+        fingerprints=fingerprints,
     )
 
 

@@ -179,12 +179,34 @@ def report(
         out["same_plan"] = our_keys == common.plan_keys(exh.outcome.plan)
         out["plan_gap"] = round((ours_there - best) / best, 4) if best > 0 else math.nan
         out["ratio"] = round(exh.wall_seconds / ours.wall_seconds, 2)
+        out["exhaustive_same_stage_spread"] = same_stage_spread(exh, ours.fingerprints)
     else:
         out["same_plan"] = None
         out["plan_gap"] = None
         out["ratio"] = None
     print_tables(out, figures)
     return out
+
+
+def same_stage_spread(exh: common.JobRun, fingerprints: dict) -> dict[str, Any]:
+    """Timing noise inside the exhaustive table: candidates that are one stage (equal stage
+    fingerprint: identical blocks) were measured separately there. Median over such pairs of
+    |a - b| / ((a + b) / 2) of compute_cost, and the largest ratio max/min within a stage."""
+    groups: dict[str, list[float]] = {}
+    for key, result in exh.results.items():
+        if result.ok and key in fingerprints:
+            groups.setdefault(fingerprints[key], []).append(result.compute_cost)
+    diffs, worst = [], 1.0
+    for costs in groups.values():
+        for i, a in enumerate(costs):
+            diffs.extend(abs(a - b) / ((a + b) / 2) for b in costs[i + 1 :] if a + b > 0)
+        if len(costs) > 1 and min(costs) > 0:
+            worst = max(worst, max(costs) / min(costs))
+    return {
+        "stages_measured_more_than_once": sum(len(c) > 1 for c in groups.values()),
+        "median_abs_rel_diff": round(common.median(diffs), 4) if diffs else None,
+        "max_over_min": round(worst, 2),
+    }
 
 
 def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> None:
@@ -220,6 +242,10 @@ def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> Non
     con.print(
         f"same plan: {out['same_plan']}   plan gap: {out['plan_gap']}   ratio: {out['ratio']}"
     )
+    if out.get("exhaustive_same_stage_spread"):
+        con.print(
+            f"exhaustive run, one stage measured apart: {out['exhaustive_same_stage_spread']}"
+        )
 
 
 def _bd(fig: dict[str, Any], key: str) -> Any:

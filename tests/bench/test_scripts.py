@@ -18,6 +18,8 @@ BREAKDOWN_KEYS = {"compile_forward_s", "compile_backward_s", "compile_apply_grad
 def test_time_to_plan() -> None:
     out = run_script("time_to_plan.py", "--layers", "2", "--quick", "--micro-batches", "4")
     assert {"ratio", "same_plan", "plan_gap", "config_space", "strategies"} <= set(out)
+    # the two identical blocks are one stage ours measures once and the exhaustive way twice
+    assert out["exhaustive_same_stage_spread"]["stages_measured_more_than_once"] >= 1
     assert out["config_space"] == "data_parallel_only" and out["strategies"] == ["data"]
     ours, exhaustive = out["ours"], out["exhaustive"]
     assert RUN_KEYS <= set(ours) and RUN_KEYS <= set(exhaustive)
