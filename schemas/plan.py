@@ -40,7 +40,19 @@ class PlanOptions(Frozen):
         description="Sharding strategies tried on each logical mesh.",
     )
     optimizer: OptimizerName = Field("adam", description="Optimizer of the apply_grad module.")
-    repeats: int = Field(5, ge=1, le=1000, description="Timed runs per module.")
+    repeats: int = Field(
+        5, ge=1, le=1000, description="Least number of timed runs per module (then adaptive)."
+    )
+    max_repeats: int = Field(
+        40,
+        ge=1,
+        le=1000,
+        description="Most timed runs per module: runs are added until the relative spread "
+        "(p90 - p10) / median is under target_spread or this cap is reached.",
+    )
+    target_spread: float = Field(
+        0.05, gt=0, le=10, description="Relative spread (p90 - p10) / median to reach."
+    )
     warmup: int = Field(1, ge=0, le=100, description="Untimed runs before timing.")
     candidate_timeout_s: float = Field(
         300.0, gt=0, le=86400, description="Wall-clock limit per candidate, seconds."

@@ -56,6 +56,9 @@ class ModuleProfileResult(Frozen):
     compute_cost_samples_s: tuple[float, ...] = Field(
         (), description="Every timed run, seconds (compute_cost is their median)."
     )
+    compute_cost_spread: float = Field(
+        0.0, ge=0, description="Relative spread of the timed runs: (p90 - p10) / median."
+    )
     compile_seconds: float = Field(0.0, ge=0, description="Time to lower and compile, seconds.")
     flops: float = Field(0.0, ge=0, description="FLOPs per device from cost_analysis().")
     bytes_accessed: float = Field(0.0, ge=0, description="Bytes accessed from cost_analysis().")
@@ -123,6 +126,15 @@ class StageProfileResult(Frozen):
     def compute_cost(self) -> float:
         """Stage cost for the DP: forward + backward, seconds (inf when not ok)."""
         return self.forward_cost + self.backward_cost
+
+    @property
+    def compute_cost_spread(self) -> float:
+        """Relative spread of forward + backward: their spreads weighted by their costs."""
+        parts = [self.module(k) for k in (ModuleKind.forward, ModuleKind.backward)]
+        total = sum(m.compute_cost for m in parts if m)
+        if not self.ok or total <= 0:
+            return 0.0
+        return sum(m.compute_cost * m.compute_cost_spread for m in parts if m) / total
 
     @property
     def peak_memory(self) -> int:
