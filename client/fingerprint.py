@@ -37,14 +37,31 @@ def _vars(vs: list[VarSpec]) -> list[list[object]]:
     return [[list(v.shape), v.dtype, list(getattr(v, "logical_axes", None) or [])] for v in vs]
 
 
-def fingerprint(jaxpr: str, params: list, inputs: list[VarSpec], outputs: list[VarSpec]) -> str:
-    """sha256 of the canonical jaxpr plus the shapes, dtypes and logical axes of every var."""
+# The layer form: 2 = forward-with-residuals + backward. Layers of another form never share
+# a fingerprint (or a stored measurement) with these.
+LAYER_FORM = 2
+
+
+def fingerprint(
+    jaxpr: str,
+    params: list,
+    inputs: list[VarSpec],
+    outputs: list[VarSpec],
+    grad_inputs: list[str] | None = None,
+    residuals: list[VarSpec] | None = None,
+) -> str:
+    """sha256 of the canonical jaxpr plus the shapes, dtypes and logical axes of every var,
+    which inputs are differentiated (by position) and the residuals' shapes and dtypes."""
+    grads = set(grad_inputs or [])
     payload = json.dumps(
         {
+            "form": LAYER_FORM,
             "jaxpr": canonical_jaxpr(jaxpr),
             "params": _vars(params),
             "inputs": _vars(inputs),
             "outputs": _vars(outputs),
+            "grad_inputs": [j for j, v in enumerate(inputs) if v.name in grads],
+            "residuals": _vars(residuals or []),
         },
         sort_keys=True,
     )
@@ -52,5 +69,12 @@ def fingerprint(jaxpr: str, params: list, inputs: list[VarSpec], outputs: list[V
 
 
 def layer_fingerprint(layer: LayerSpec) -> str:
-    """The fingerprint of a `LayerSpec` (its `jaxpr` text and declared vars)."""
-    return fingerprint(layer.jaxpr, list(layer.params), list(layer.inputs), list(layer.outputs))
+    """The fingerprint of a `LayerSpec` (its `jaxpr` text, declared vars and residuals)."""
+    return fingerprint(
+        layer.jaxpr,
+        list(layer.params),
+        list(layer.inputs),
+        list(layer.outputs),
+        list(layer.grad_inputs),
+        list(layer.residuals),
+    )

@@ -10,11 +10,11 @@ import numpy as np
 from jax.extend import core
 
 from client.clustering import cluster_segments, cut_bytes
-from client.export import export_layer, layer_text, slice_jaxpr
+from client.export import LayerPrograms, export_layer, layer_text, slice_jaxpr
 from client.fingerprint import fingerprint
 from client.flops import eqn_flops
 from client.layers import clean_name, inline_scoped_calls, scope_segments
-from schemas import DTYPE_BYTES, LayerSpec, ModelSpec, ParamSpec, VarSpec
+from schemas import DTYPE_BYTES, FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def trace(
 
     taken = set(param_names) | set(batch_names)
     layer_specs: list[LayerSpec] = []
-    programs: dict[str, str] = {}
+    programs: dict[str, LayerPrograms] = {}
     for s, (_, lo, hi) in enumerate(segments):
         layer_specs.append(
             _build_layer(
@@ -171,7 +171,7 @@ def _build_layer(
     taken: set[str],
     axes: Mapping[str, tuple[str | None, ...] | None],
     flops: float,
-    programs: dict[str, str],
+    programs: dict[str, LayerPrograms],
 ) -> LayerSpec:
     """One `LayerSpec` from a slice of equations; names its outputs and exports its program."""
     param_vars, const_vars, input_vars, output_vars = [], [], [], []
@@ -225,20 +225,28 @@ def _build_layer(
     inputs = [_spec(v, info[v].name) for v in input_vars]
     outputs = [_spec(v, info[v].name) for v in output_vars]
     text = layer_text(closed)
-    fp = fingerprint(text, params, inputs, outputs)
-    if fp not in programs:
-        programs[fp] = export_layer(closed)
+    batch = {info[v].name for v in input_vars if info[v].kind == "input"}
+    grad_inputs = [v.name for v in inputs if v.dtype in FLOAT_DTYPES and v.name not in batch]
+    key = fingerprint(text, params, inputs, outputs, grad_inputs)
+    if key not in programs:
+        programs[key] = export_layer(closed, params, inputs, outputs, no_grad=batch)
     else:
-        log.debug("layer %s reuses the program of an identical layer", layer_name)
+        log.debug("layer %s reuses the programs of an identical layer", layer_name)
+    pair = programs[key]
+    saved, _ = pair.names(inputs, outputs)
     return LayerSpec(
         name=layer_name,
         inputs=inputs,
         outputs=outputs,
         params=params,
-        program=programs[fp],
+        forward=pair.forward,
+        backward=pair.backward,
+        residuals=pair.residuals,
+        saved=saved,
+        grad_inputs=grad_inputs,
         jaxpr=text,
         flops=flops,
-        fingerprint=fp,
+        fingerprint=fingerprint(text, params, inputs, outputs, grad_inputs, pair.residuals),
     )
 
 

@@ -5,6 +5,7 @@ No jax, ray or sqlalchemy here: every other package imports these.
 
 from schemas.cluster import (
     DTYPE_BYTES,
+    FLOAT_DTYPES,
     ClusterSpec,
     ShardingConfig,
     StageKey,
@@ -36,6 +37,7 @@ from schemas.profile import (
 
 __all__ = [
     "DTYPE_BYTES",
+    "FLOAT_DTYPES",
     "BaselinePlan",
     "ClusterSpec",
     "ConfigSpace",

@@ -24,6 +24,8 @@ DTYPE_BYTES: dict[str, int] = {
     "bool": 1,
 }
 
+FLOAT_DTYPES: frozenset[str] = frozenset({"float64", "float32", "float16", "bfloat16"})
+
 MAX_HOSTS = 1024
 MAX_DEVICES_PER_HOST = 1024
 

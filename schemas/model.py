@@ -1,8 +1,12 @@
 """The model on the wire: a layered dataflow graph of `jax.export` programs.
 
-Calling convention of a layer's program: positional arguments are the layer's
-parameters (in `params` order) followed by its inputs (in `inputs` order); it returns
-a tuple of its `outputs`, in order. Never a pickle.
+Each layer travels as a pair of programs, positional arguments and results throughout:
+- `forward(*params, *inputs) -> (*outputs, *residuals)`: the layer's forward, returning
+  what its backward needs (what `jax.vjp` keeps, or what a `jax.checkpoint` policy saves);
+- `backward(*params, *saved, *residuals, *cotangents) -> (*param_grads, *input_cotangents)`:
+  `saved` are the layer's own inputs/outputs the backward reads (by name), cotangents come
+  for the floating outputs in order, input cotangents go to `grad_inputs` in order.
+The backward never re-runs the forward. Never a pickle.
 """
 
 import re
@@ -11,13 +15,19 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from schemas.base import Frozen
-from schemas.cluster import DTYPE_BYTES
+from schemas.cluster import DTYPE_BYTES, FLOAT_DTYPES
 
 MAX_LAYERS = 1024
 MAX_RANK = 8
 MAX_DIM = 2**31
 MAX_PROGRAM_CHARS = 64 * 2**20
 MAX_VARS_PER_LAYER = 4096
+OLD_LAYER_FORM = (
+    "this layer is in the old single-program form ('program'), whose backward re-runs the "
+    "forward and whose residuals are unknown; trace the model again with this version of "
+    "the stageprof client (client.trace) and upload it again: layers now carry 'forward' "
+    "and 'backward' programs and their 'residuals'"
+)
 MAX_MODEL_PROGRAM_CHARS = 512 * 2**20
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/\-\[\]]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -95,7 +105,7 @@ class ParamSpec(VarSpec):
 
 
 class LayerSpec(Frozen):
-    """One layer: a contiguous piece of the forward computation."""
+    """One layer: a contiguous piece of the forward computation, as a forward/backward pair."""
 
     name: Name = Field(description="Layer name, unique in the model.")
     inputs: list[VarSpec] = Field(
@@ -103,9 +113,28 @@ class LayerSpec(Frozen):
     )
     outputs: list[VarSpec] = Field(min_length=1, description="Vars it produces.")
     params: list[ParamSpec] = Field(default_factory=list, description="Its parameters.")
-    program: str = Field(
+    forward: str = Field(
         max_length=MAX_PROGRAM_CHARS,
-        description="jax.export serialized program (vjp_order=1), base64.",
+        description="jax.export serialized forward, base64: "
+        "(*params, *inputs) -> (*outputs, *residuals).",
+    )
+    backward: str = Field(
+        max_length=MAX_PROGRAM_CHARS,
+        description="jax.export serialized backward, base64: (*params, *saved, *residuals, "
+        "*cotangents of the floating outputs) -> (*param grads, *cotangents of grad_inputs).",
+    )
+    residuals: list[VarSpec] = Field(
+        default_factory=list,
+        description="What forward returns after the outputs for backward, per micro-batch.",
+    )
+    saved: list[str] = Field(
+        default_factory=list,
+        description="Names of the layer's inputs and outputs that backward reads, in order.",
+    )
+    grad_inputs: list[str] = Field(
+        default_factory=list,
+        description="Names of the inputs whose cotangents backward returns, in order: the "
+        "floating inputs that are not model batch inputs.",
     )
     jaxpr: str = Field("", max_length=MAX_PROGRAM_CHARS, description="Its jaxpr, as text.")
     flops: float = Field(0.0, ge=0, description="Forward FLOPs per micro-batch.")
@@ -115,18 +144,40 @@ class LayerSpec(Frozen):
         description="Hash of the canonical computation and shapes; equal for identical layers.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_form(cls, data: object) -> object:
+        if isinstance(data, dict) and "program" in data and "forward" not in data:
+            raise ValueError(OLD_LAYER_FORM)
+        return data
+
     @model_validator(mode="after")
     def _unique(self) -> "LayerSpec":
         names = [v.name for v in self.inputs] + [v.name for v in self.outputs]
         names += [p.name for p in self.params]
-        if len(names) > MAX_VARS_PER_LAYER:
+        if len(names) + len(self.residuals) > MAX_VARS_PER_LAYER:
             raise ValueError(f"more than {MAX_VARS_PER_LAYER} vars")
         _check_unique(names, "var")
+        _check_unique([v.name for v in self.residuals], "residual")
+        own = {v.name for v in self.inputs} | {v.name for v in self.outputs}
+        _check_unique(self.saved, "saved")
+        for n in self.saved:
+            if n not in own:
+                raise ValueError(f"saved var {n!r} is neither an input nor an output")
+        floats = {v.name for v in self.inputs if v.dtype in FLOAT_DTYPES}
+        _check_unique(self.grad_inputs, "grad_inputs")
+        for n in self.grad_inputs:
+            if n not in floats:
+                raise ValueError(f"grad_inputs names {n!r}, which is not a floating input")
         return self
 
     @property
     def param_bytes(self) -> int:
         return sum(p.size_bytes for p in self.params)
+
+    @property
+    def program_chars(self) -> int:
+        return len(self.forward) + len(self.backward)
 
 
 class ModelSpec(Frozen):
@@ -222,7 +273,17 @@ def dataflow_errors(spec: ModelSpec) -> list[str]:
                 f"layers[{last}].outputs[{j}]: the loss {v.name!r} must be a scalar (shape ()), "
                 f"got shape {v.shape}"
             )
-    total = sum(len(layer.program) for layer in spec.layers)
+    model_inputs = {v.name for v in spec.inputs}
+    for i, layer in enumerate(spec.layers):
+        want = [
+            v.name for v in layer.inputs if v.dtype in FLOAT_DTYPES and v.name not in model_inputs
+        ]
+        if list(layer.grad_inputs) != want:
+            errors.append(
+                f"layers[{i}].grad_inputs: must list the floating inputs that are not model "
+                f"inputs, in order ({want}), got {list(layer.grad_inputs)}"
+            )
+    total = sum(layer.program_chars for layer in spec.layers)
     if total > MAX_MODEL_PROGRAM_CHARS:
         errors.append(
             f"layers: the programs total {total} characters, over the limit of "

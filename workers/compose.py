@@ -1,7 +1,10 @@
-"""Compose a stage from a `ModelSpec`'s layer programs (deserialized `jax.export` modules).
+"""Compose a stage from a `ModelSpec`'s layer program pairs (deserialized `jax.export`s).
 
-A layer's program takes its params (in `params` order) then its inputs (in `inputs` order)
-and returns a tuple of its outputs, in order (see `schemas.model`).
+A stage's forward runs its layers' forwards in order and returns, beside the stage outputs,
+its *stash*: every residual of its layers and every var a layer's backward reads (`saved`),
+once each. Its backward runs the layers' backwards in reverse from the stash and the output
+cotangents, summing cotangents of vars read by several layers and grads of shared params.
+Nothing is recomputed that a training step keeps (see `schemas.model` for the convention).
 """
 
 import base64
@@ -13,33 +16,48 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from schemas import LayerSpec, ModelSpec, ParamSpec, VarSpec
+from schemas import FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
 from workers.fingerprint import stage_io
 
 log = logging.getLogger(__name__)
 
-_CACHE_SIZE = 512
+_CACHE_SIZE = 1024
 _cache: OrderedDict[str, jax.export.Exported] = OrderedDict()
+
+Arrays = Sequence[jax.Array]
 
 
 @dataclass(frozen=True)
 class StageProgram:
-    """Layers start..end as one function `fn(params, inputs) -> outputs`."""
+    """Layers start..end as a forward and a backward function.
+
+    `forward(params, inputs) -> (outputs, stash)`;
+    `backward(params, stash, cotangents) -> (param grads, input cotangents)` with cotangents
+    for `outputs[i]` for i in `diff_outputs` and input cotangents for `inputs[j]` for j in
+    `grad_inputs`."""
 
     params: list[ParamSpec]  # every layer's params, in layer order (shared ones once)
     inputs: list[VarSpec]  # vars read from outside the stage, in order of first use
     outputs: list[VarSpec]  # vars used after `end` (or the loss), in production order
-    fn: Callable[[Sequence[jax.Array], Sequence[jax.Array]], tuple[jax.Array, ...]]
+    stash: list[VarSpec]  # what forward keeps for backward: saved vars, then residuals
+    diff_outputs: list[int]
+    grad_inputs: list[int]
+    forward: Callable[[Arrays, Arrays], tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]]
+    backward: Callable[[Arrays, Arrays, Arrays], tuple[list[jax.Array], list[jax.Array]]]
+
+    def fn(self, param_values: Arrays, input_values: Arrays) -> tuple[jax.Array, ...]:
+        """The stage's outputs alone."""
+        return self.forward(param_values, input_values)[0]
 
 
-def load_layer(layer: LayerSpec) -> jax.export.Exported:
-    """Deserialize a layer's program (base64 → `jax.export.deserialize`), cached by its hash."""
-    key = hashlib.sha256(layer.program.encode("ascii")).hexdigest()
+def _deserialize(text: str) -> jax.export.Exported:
+    key = hashlib.sha256(text.encode("ascii")).hexdigest()
     exported = _cache.get(key)
     if exported is None:
-        raw = base64.b64decode(layer.program.encode("ascii"), validate=True)
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
         exported = jax.export.deserialize(bytearray(raw))
         _cache[key] = exported
         if len(_cache) > _CACHE_SIZE:
@@ -49,8 +67,33 @@ def load_layer(layer: LayerSpec) -> jax.export.Exported:
     return exported
 
 
+def load_layer(layer: LayerSpec) -> tuple[jax.export.Exported, jax.export.Exported]:
+    """Deserialize a layer's forward and backward (base64 → `jax.export.deserialize`),
+    cached by their hashes."""
+    return _deserialize(layer.forward), _deserialize(layer.backward)
+
+
+def residual_name(layer: LayerSpec, k: int) -> str:
+    """The stash name of residual `k` of `layer` (layer names are unique in a spec)."""
+    return f"{layer.name}/{layer.residuals[k].name}"
+
+
+def stage_stash(layers: Sequence[LayerSpec]) -> list[VarSpec]:
+    """What a stage of `layers` keeps from forward to backward: the vars its layers'
+    backwards read (once each, in order of first use), then every layer's residuals."""
+    by_name = {v.name: v for layer in layers for v in [*layer.inputs, *layer.outputs]}
+    saved = dict.fromkeys(n for layer in layers for n in layer.saved)
+    stash = [by_name[n] for n in saved]
+    for layer in layers:
+        stash += [
+            VarSpec(name=residual_name(layer, k), shape=r.shape, dtype=r.dtype)
+            for k, r in enumerate(layer.residuals)
+        ]
+    return stash
+
+
 def compose_stage(spec: ModelSpec, start: int, end: int) -> StageProgram:
-    """The stage of layers `start..end` (inclusive) as a jittable, differentiable function."""
+    """The stage of layers `start..end` (inclusive) as jittable forward and backward."""
     if not 0 <= start <= end < spec.num_layers:
         raise ValueError(f"bad layer range {start}..{end} for {spec.num_layers} layers")
     layers = spec.layers[start : end + 1]
@@ -59,72 +102,143 @@ def compose_stage(spec: ModelSpec, start: int, end: int) -> StageProgram:
         for p in layer.params:
             params.setdefault(p.name, p)
     inputs, outputs = stage_io(spec, start, end)
-    exported = [load_layer(layer) for layer in layers]
+    stash = stage_stash(layers)
+    pairs = [load_layer(layer) for layer in layers]
     param_names = list(params)
     input_names = [v.name for v in inputs]
     output_names = [v.name for v in outputs]
+    stash_names = [v.name for v in stash]
+    differentiated = {n for layer in layers for n in layer.grad_inputs}
+    diff_outputs = [i for i, v in enumerate(outputs) if v.dtype in FLOAT_DTYPES]
+    grad_inputs = [j for j, v in enumerate(inputs) if v.name in differentiated]
 
-    def fn(
-        param_values: Sequence[jax.Array], input_values: Sequence[jax.Array]
-    ) -> tuple[jax.Array, ...]:
+    def forward(param_values: Arrays, input_values: Arrays) -> tuple[tuple, tuple]:
         env = dict(zip(param_names, param_values, strict=True))
         env.update(zip(input_names, input_values, strict=True))
-        for layer, exp in zip(layers, exported, strict=True):
+        for layer, (fwd, _) in zip(layers, pairs, strict=True):
             args = [env[p.name] for p in layer.params] + [env[v.name] for v in layer.inputs]
-            env.update(zip((v.name for v in layer.outputs), exp.call(*args), strict=True))
-        return tuple(env[name] for name in output_names)
+            results = fwd.call(*args)
+            n_out = len(layer.outputs)
+            env.update(zip((v.name for v in layer.outputs), results[:n_out], strict=True))
+            for k, r in enumerate(results[n_out:]):
+                env[residual_name(layer, k)] = r
+        return tuple(env[n] for n in output_names), tuple(env[n] for n in stash_names)
 
-    return StageProgram(params=list(params.values()), inputs=inputs, outputs=outputs, fn=fn)
+    def backward(
+        param_values: Arrays, stash_values: Arrays, cotangents: Arrays
+    ) -> tuple[list[jax.Array], list[jax.Array]]:
+        env = dict(zip(param_names, param_values, strict=True))
+        env.update(zip(stash_names, stash_values, strict=True))
+        ct: dict[str, jax.Array] = {}
+        for i, g in zip(diff_outputs, cotangents, strict=True):
+            ct[output_names[i]] = g
+        grads: dict[str, jax.Array] = {}
+        for layer, (_, bwd) in zip(reversed(layers), reversed(pairs), strict=True):
+            outs = [v for v in layer.outputs if v.dtype in FLOAT_DTYPES]
+            args = [env[p.name] for p in layer.params]
+            args += [env[n] for n in layer.saved]
+            args += [env[residual_name(layer, k)] for k in range(len(layer.residuals))]
+            args += [ct[v.name] if v.name in ct else _zeros(v) for v in outs]
+            results = bwd.call(*args)
+            n_p = len(layer.params)
+            for p, g in zip(layer.params, results[:n_p], strict=True):
+                grads[p.name] = grads[p.name] + g if p.name in grads else g
+            for n, g in zip(layer.grad_inputs, results[n_p:], strict=True):
+                ct[n] = ct[n] + g if n in ct else g
+        return (
+            [grads[n] if n in grads else _zeros(params[n]) for n in param_names],
+            [
+                ct[inputs[j].name] if inputs[j].name in ct else _zeros(inputs[j])
+                for j in grad_inputs
+            ],
+        )
+
+    return StageProgram(
+        params=list(params.values()),
+        inputs=inputs,
+        outputs=outputs,
+        stash=stash,
+        diff_outputs=diff_outputs,
+        grad_inputs=grad_inputs,
+        forward=forward,
+        backward=backward,
+    )
 
 
-def _aval_str(shape: tuple[int, ...], dtype: str) -> str:
-    return f"{dtype}{list(shape)}"
+def _zeros(v: VarSpec) -> jax.Array:
+    return jnp.zeros(v.shape, v.dtype)
+
+
+def _signature_errors(
+    where: str,
+    exp: jax.export.Exported,
+    args: list[tuple[str, VarSpec]],
+    results: list[tuple[str, VarSpec]],
+) -> list[str]:
+    """Compare an export's argument/result avals with the declared vars."""
+    errors: list[str] = []
+    platform = jax.export.default_export_platform()
+    if platform not in exp.platforms:
+        errors.append(
+            f"{where}: exported for {list(exp.platforms)}, not for this worker's {platform!r}"
+        )
+    if exp.nr_devices != 1:
+        errors.append(f"{where}: exported for {exp.nr_devices} devices, expected 1")
+    for what, avals, declared in (
+        ("argument", exp.in_avals, args),
+        ("output", exp.out_avals, results),
+    ):
+        if len(avals) != len(declared):
+            fields = " + ".join(dict.fromkeys(f.split("[")[0] for f, _ in declared)) or "nothing"
+            verb = "takes" if what == "argument" else "returns"
+            errors.append(
+                f"{where}: {verb} {len(avals)} {what}s but {fields} declare {len(declared)}"
+            )
+            continue
+        for j, (aval, (field, var)) in enumerate(zip(avals, declared, strict=True)):
+            errors += _compare(where, f"{what} {j}", aval, field, var)
+    return errors
+
+
+def _indexed(name: str, vs: Sequence[VarSpec]) -> list[tuple[str, VarSpec]]:
+    return [(f"{name}[{k}]", v) for k, v in enumerate(vs)]
 
 
 def check_programs(spec: ModelSpec) -> list[str]:
-    """Deserialize every layer and compare its signature with the declared vars.
-
-    Returns one message per violation, naming the layer and field; empty when all is well.
-    """
+    """Deserialize every layer's forward and backward and compare their signatures with the
+    declared vars. Returns one message per violation, naming the layer and field."""
     errors: list[str] = []
     for i, layer in enumerate(spec.layers):
-        where = f"layers[{i}].program"
-        try:
-            exp = load_layer(layer)
-        except (binascii.Error, ValueError) as e:
-            errors.append(f"{where}: not valid base64 ({e})")
-            continue
-        except Exception as e:  # noqa: BLE001 - any deserialization failure is a bad spec
-            errors.append(f"{where}: cannot be deserialized by jax.export ({type(e).__name__})")
-            continue
-        declared_in = [("params", p) for p in layer.params] + [("inputs", v) for v in layer.inputs]
-        platform = jax.export.default_export_platform()
-        if platform not in exp.platforms:
-            errors.append(
-                f"{where}: exported for {list(exp.platforms)}, not for this worker's {platform!r}"
-            )
-        if exp.nr_devices != 1:
-            errors.append(f"{where}: exported for {exp.nr_devices} devices, expected 1")
-        if not exp.has_vjp():
-            errors.append(f"{where}: serialized without its VJP (use vjp_order=1)")
-        if len(exp.in_avals) != len(declared_in):
-            errors.append(
-                f"{where}: takes {len(exp.in_avals)} arguments but params + inputs declare "
-                f"{len(declared_in)}"
-            )
-        else:
-            k = {"params": 0, "inputs": 0}
-            for j, (aval, (field, var)) in enumerate(zip(exp.in_avals, declared_in, strict=True)):
-                errors += _compare(where, f"argument {j}", aval, f"{field}[{k[field]}]", var)
-                k[field] += 1
-        if len(exp.out_avals) != len(layer.outputs):
-            errors.append(
-                f"{where}: returns {len(exp.out_avals)} values but outputs declares "
-                f"{len(layer.outputs)}"
-            )
-        else:
-            for j, (aval, var) in enumerate(zip(exp.out_avals, layer.outputs, strict=True)):
-                errors += _compare(where, f"output {j}", aval, f"outputs[{j}]", var)
+        own = {v.name: v for v in [*layer.inputs, *layer.outputs]}
+        params = _indexed("params", layer.params)
+        expected = {
+            "forward": (
+                params + _indexed("inputs", layer.inputs),
+                _indexed("outputs", layer.outputs) + _indexed("residuals", layer.residuals),
+            ),
+            "backward": (
+                params
+                + [(f"saved[{k}]", own[n]) for k, n in enumerate(layer.saved)]
+                + _indexed("residuals", layer.residuals)
+                + [
+                    (f"outputs[{k}] (cotangent)", v)
+                    for k, v in enumerate(layer.outputs)
+                    if v.dtype in FLOAT_DTYPES
+                ],
+                params + [(f"grad_inputs[{k}]", own[n]) for k, n in enumerate(layer.grad_inputs)],
+            ),
+        }
+        for kind, (args, results) in expected.items():
+            where = f"layers[{i}].{kind}"
+            try:
+                exp = _deserialize(getattr(layer, kind))
+            except (binascii.Error, ValueError) as e:
+                errors.append(f"{where}: not valid base64 ({e})")
+                continue
+            except Exception as e:  # noqa: BLE001 - any deserialization failure is a bad spec
+                errors.append(f"{where}: cannot be deserialized by jax.export ({type(e).__name__})")
+                continue
+            errors += _signature_errors(where, exp, args, results)
     return errors
 
 

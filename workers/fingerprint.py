@@ -7,7 +7,13 @@ from typing import Any
 from schemas import LayerSpec, ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
 
 # PlanOptions fields that change a measurement (the rest only steer planning or limits).
-MEASUREMENT_OPTIONS: tuple[str, ...] = ("optimizer", "repeats", "warmup", "max_repeats", "target_spread")
+MEASUREMENT_OPTIONS: tuple[str, ...] = (
+    "optimizer",
+    "repeats",
+    "warmup",
+    "max_repeats",
+    "target_spread",
+)
 
 
 def stage_io(spec: ModelSpec, start: int, end: int) -> tuple[list[VarSpec], list[VarSpec]]:

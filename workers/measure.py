@@ -28,7 +28,7 @@ from schemas import (
 from workers.compose import compose_stage
 from workers.fingerprint import stage_fingerprint
 from workers.hlo_stats import collective_bytes
-from workers.memory import estimate_initial_bytes, module_memory
+from workers.memory import estimate_initial_bytes
 from workers.sharding import make_mesh, stage_shardings
 from workers.stage_modules import CompiledModule, StageModules
 from workers.timing import CandidateTimeout, Deadline, median, random_array, time_runs
@@ -81,7 +81,7 @@ def _available_memory(devices: Sequence[jax.Device], cluster: ClusterSpec) -> in
 def _module_result(
     m: CompiledModule, samples: list[float], available: int, num_devices: int
 ) -> ModuleProfileResult:
-    mem = module_memory(m.compiled)
+    mem = m.memory
     costs = m.compiled.cost_analysis() or {}
     if isinstance(costs, list):  # older jax returned one dict per device program
         costs = costs[0] if costs else {}
@@ -119,13 +119,11 @@ def _compile(
         with _failing_as(ProfileStatus.compile_error, f"compiling {kind}"):
             measured.modules[kind] = build()
         deadline.check(f"compile {kind}")
-    fwd, apply = measured.modules["forward"], measured.modules["apply_grad"]
+    apply = measured.modules["apply_grad"]
     n_args = len(apply.outvar_names)  # parameters + optimizer state
     measured.initial_var_size = sum(apply.outvar_sizes[:n_args])
-    first = len(modules.diff_out)
-    residuals = fwd.outvar_sizes[first : first + modules.num_residuals]
-    measured.intermediate_size = sum(residuals)
-    peak = max(module_memory(measured.modules[k].compiled).peak for k in ("forward", "backward"))
+    measured.intermediate_size = sum(modules.stash_sizes)
+    peak = max(measured.modules[k].memory.peak for k in ("forward", "backward"))
     if peak + measured.initial_var_size > available:
         raise CandidateFailure(
             ProfileStatus.oom,
@@ -157,15 +155,14 @@ def _run_forward_backward(
         inputs = [random_array(s, 1000 + i) for i, s in enumerate(modules.input_structs)]
     fwd = measured.modules["forward"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running forward"):
-        measured.samples["forward"], (outs, residuals, _) = time_runs(
+        measured.samples["forward"], (outs, stash, _) = time_runs(
             lambda: fwd(params, inputs), options.warmup, options.repeats, deadline, "forward"
         )
         cot = tuple(jax.numpy.ones_like(o) for o in outs)
     bwd = measured.modules["backward"].compiled
-    kept = modules.kept_values(params, inputs)
     with _failing_as(ProfileStatus.runtime_error, "running backward"):
         measured.samples["backward"], (grads, _) = time_runs(
-            lambda: bwd(kept, residuals, cot), options.warmup, options.repeats, deadline, "backward"
+            lambda: bwd(params, stash, cot), options.warmup, options.repeats, deadline, "backward"
         )
     return grads
 
@@ -292,9 +289,7 @@ def _measure(
             f"more than the {available} B available; not compiled",
             estimate_bytes=estimate,
         )
-    modules = StageModules(
-        program, shardings, options.optimizer, no_grad={v.name for v in spec.inputs}
-    )
+    modules = StageModules(program, shardings, options.optimizer)
     _compile(modules, measured, deadline, available)
     _run(modules, measured, options, deadline)
 

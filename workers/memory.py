@@ -35,9 +35,24 @@ class ModuleMemory:
     alias: int
 
 
+# Backends whose `peak_memory_in_bytes` is a heap simulation over the whole program
+# (temporaries included). XLA's CPU figure is set but leaves temporaries out.
+HEAP_SIMULATED_PEAK = frozenset({"gpu", "cuda", "rocm"})
+
+
+def _platform(compiled: jax.stages.Compiled) -> str:
+    try:
+        sharding = jax.tree_util.tree_leaves(compiled.input_shardings)[0]
+        return next(iter(sharding.device_set)).platform
+    except (IndexError, AttributeError, StopIteration):
+        return jax.default_backend()
+
+
 def module_memory(compiled: jax.stages.Compiled) -> ModuleMemory:
-    """Peak (`peak_memory_in_bytes` where set, else argument + output - alias + temp) and
-    temp bytes per device of a compiled module; zeros when the backend reports nothing."""
+    """Memory per device of a compiled module (zeros when the backend reports nothing).
+
+    peak = XLA's heap-simulated `peak_memory_in_bytes` on backends that compute one (GPU),
+    else arguments + outputs + temporaries - aliased bytes (the CPU figure omits temps)."""
     stats = compiled.memory_analysis()
     if stats is None:
         return ModuleMemory(0, 0, 0, 0, 0)
@@ -46,7 +61,7 @@ def module_memory(compiled: jax.stages.Compiled) -> ModuleMemory:
     alias = int(getattr(stats, "alias_size_in_bytes", 0) or 0)
     temp = int(getattr(stats, "temp_size_in_bytes", 0) or 0)
     peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
-    if peak <= 0:
+    if peak <= 0 or _platform(compiled) not in HEAP_SIMULATED_PEAK:
         peak = max(0, argument + output - alias + temp)
     return ModuleMemory(peak=peak, temp=temp, argument=argument, output=output, alias=alias)
 

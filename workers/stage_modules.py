@@ -1,32 +1,30 @@
 """The three modules of a stage (forward, backward, apply_grad): build, shard and compile.
 
-forward = ``jit(lambda p, x: vjp(stage, p, x))``. The VJP's leaves are the parameters and
-inputs it keeps plus the residuals (stashed activations); forward returns only the residuals
-(returning the kept inputs would make XLA copy them and double-count them in the peak), and
-backward = ``jit(lambda vjp, g: vjp(g))`` rebuilds the VJP from the kept inputs and the
-residuals. apply_grad = the optax update of the parameters.
+forward = the stage's layers' forwards, returning the stage outputs and the stash (the
+residuals and the vars the backwards read); backward = the layers' backwards in reverse,
+from the parameters, the stash and the output cotangents (see `workers.compose`); nothing is
+recomputed. apply_grad = the optax update of the parameters.
 Only floating outputs and floating inputs that come from earlier layers are differentiated;
 integer ones (token ids, labels) and the model's batch inputs ride along untouched.
 """
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
-from jax.tree_util import PyTreeDef, SequenceKey
+from jax.tree_util import SequenceKey
 
-from schemas import ModuleKind, ParamSpec, VarSpec
-from workers.memory import per_device_bytes
+from schemas import FLOAT_DTYPES, ModuleKind, ParamSpec, VarSpec  # noqa: F401 (re-exported)
+from workers.memory import ModuleMemory, module_memory, per_device_bytes
 from workers.sharding import StageShardings
 
 logger = logging.getLogger(__name__)
 
-FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 LEARNING_RATE = 1e-3
 
 OPTIMIZERS: dict[str, Callable[[], optax.GradientTransformation]] = {
@@ -41,7 +39,11 @@ class StageProgramLike(Protocol):
     params: list[ParamSpec]
     inputs: list[VarSpec]
     outputs: list[VarSpec]
-    fn: Callable[[Sequence[jax.Array], Sequence[jax.Array]], tuple[jax.Array, ...]]
+    stash: list[VarSpec]
+    diff_outputs: list[int]
+    grad_inputs: list[int]
+    forward: Callable[[Sequence[Any], Sequence[Any]], tuple[tuple, tuple]]
+    backward: Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list, list]]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,11 @@ class CompiledModule:
     donated_invars: tuple[bool, ...]
     acc_grad_invars_indices: tuple[int, ...] = ()
     acc_grad_outvars_indices: tuple[int, ...] = ()
+
+    @property
+    def memory(self) -> ModuleMemory:
+        """Its memory per device (see `workers.memory.module_memory`)."""
+        return module_memory(self.compiled)
 
 
 def _sds(shape: Sequence[int], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:
@@ -82,67 +89,32 @@ def _with_shardings(avals: Any, shardings: Any) -> Any:
 class StageModules:
     """Builds and compiles the modules of one stage program under one set of shardings."""
 
-    def __init__(
-        self,
-        program: StageProgramLike,
-        shardings: StageShardings,
-        optimizer: str,
-        no_grad: Collection[str] = (),
-    ):
-        """`no_grad`: input names whose gradient backward does not return (the model's batch
-        inputs). Every input is a VJP argument, so none is ever counted as a residual."""
+    def __init__(self, program: StageProgramLike, shardings: StageShardings, optimizer: str):
         self.program = program
         self.shardings = shardings
         self.optimizer = OPTIMIZERS[optimizer]()
-        inputs = list(program.inputs)
-        # inputs whose gradient backward returns: floating activations from earlier layers
-        self.grad_in = [
-            i for i, v in enumerate(inputs) if v.dtype in FLOAT_DTYPES and v.name not in no_grad
-        ]
-        outputs = list(program.outputs)
-        self.diff_out = [i for i, v in enumerate(outputs) if v.dtype in FLOAT_DTYPES]
-        self.other_out = [i for i, v in enumerate(outputs) if v.dtype not in FLOAT_DTYPES]
+        self.grad_in = list(program.grad_inputs)
+        self.diff_out = list(program.diff_outputs)
+        self.other_out = [i for i in range(len(program.outputs)) if i not in self.diff_out]
         self.param_structs = [
             _sds(p.shape, p.dtype, s) for p, s in zip(program.params, shardings.params, strict=True)
         ]
         self.input_structs = [
-            _sds(v.shape, v.dtype, s) for v, s in zip(inputs, shardings.inputs, strict=True)
+            _sds(v.shape, v.dtype, s) for v, s in zip(program.inputs, shardings.inputs, strict=True)
         ]
-        # set while tracing forward: the VJP's tree, and per leaf its index in params + inputs
-        # (None for a residual)
-        self._vjp_tree: PyTreeDef | None = None
-        self._vjp_slots: list[int | None] = []
-        self.forward_out: Any = None  # (float outputs, residuals, other outputs), sharded
+        self.forward_out: Any = None  # (float outputs, stash, other outputs), sharded
 
     # ----- the functions that get jitted -------------------------------------------------
-    def _forward(self, params: list, inputs: list) -> tuple[tuple, list, tuple]:
-        def stage(p: list, xs: list) -> tuple[tuple, tuple]:
-            outs = self.program.fn(p, xs)
-            return tuple(outs[i] for i in self.diff_out), tuple(outs[i] for i in self.other_out)
+    def _forward(self, params: list, inputs: list) -> tuple[tuple, tuple, tuple]:
+        outs, stash = self.program.forward(params, inputs)
+        return (
+            tuple(outs[i] for i in self.diff_out),
+            tuple(stash),
+            tuple(outs[i] for i in self.other_out),
+        )
 
-        outs, vjp, aux = jax.vjp(stage, params, inputs, has_aux=True)
-        leaves, self._vjp_tree = jax.tree_util.tree_flatten(vjp)
-        primal = {id(x): i for i, x in enumerate([*params, *inputs])}
-        self._vjp_slots = [primal.get(id(leaf)) for leaf in leaves]
-        residuals = [
-            leaf for leaf, slot in zip(leaves, self._vjp_slots, strict=True) if slot is None
-        ]
-        return outs, residuals, aux
-
-    @property
-    def kept_inputs(self) -> list[int]:
-        """Indices into params + inputs of the values the VJP keeps (backward's first args)."""
-        return sorted({slot for slot in self._vjp_slots if slot is not None})
-
-    def _backward(self, kept: list, residuals: list, cotangents: tuple) -> tuple[list, list]:
-        by_slot = dict(zip(self.kept_inputs, kept, strict=True))
-        res = iter(residuals)
-        leaves = [next(res) if slot is None else by_slot[slot] for slot in self._vjp_slots]
-        if self._vjp_tree is None:
-            raise RuntimeError("forward must be traced before backward")
-        vjp = jax.tree_util.tree_unflatten(self._vjp_tree, leaves)
-        grad_params, grad_inputs = vjp(cotangents)
-        return grad_params, [grad_inputs[i] for i in self.grad_in]
+    def _backward(self, params: list, stash: tuple, cotangents: tuple) -> tuple[list, list]:
+        return self.program.backward(params, stash, cotangents)
 
     def _apply_grad(self, params: list, state: Any, grads: list) -> tuple[list, Any]:
         updates, state = self.optimizer.update(grads, state, params)
@@ -171,14 +143,10 @@ class StageModules:
         return jax.tree_util.tree_map_with_path(place, avals)
 
     @property
-    def num_residuals(self) -> int:
-        """Residual (stashed activation) results of forward, after `compile_forward`."""
-        return len(self.forward_out[1])
-
-    def kept_values(self, params: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
-        """Backward's first argument: the parameters and inputs the VJP keeps."""
-        values = [*params, *inputs]
-        return [values[i] for i in self.kept_inputs]
+    def stash_sizes(self) -> tuple[int, ...]:
+        """Per-device bytes of each stashed value under forward's output shardings (after
+        `compile_forward`)."""
+        return _sizes(list(self.forward_out[1]))
 
     # ----- compile -------------------------------------------------------------------------
     def compile_forward(self) -> CompiledModule:
@@ -190,9 +158,9 @@ class StageModules:
         compiled = lowered.compile()
         seconds = time.perf_counter() - t0
         self.forward_out = _with_shardings(lowered.out_info, compiled.output_shardings)
-        outs, residuals, aux = self.forward_out
+        outs, stash, aux = self.forward_out
         out_names = [self.program.outputs[i].name for i in self.diff_out]
-        out_names += [f"res[{k}]" for k in range(len(residuals))]
+        out_names += [f"stash:{v.name}" for v in self.program.stash]
         out_names += [self.program.outputs[i].name for i in self.other_out]
         in_structs = self.param_structs + self.input_structs
         return CompiledModule(
@@ -202,7 +170,7 @@ class StageModules:
             invar_names=tuple(v.name for v in [*self.program.params, *self.program.inputs]),
             outvar_names=tuple(out_names),
             invar_sizes=_sizes(in_structs),
-            outvar_sizes=_sizes(list(outs) + list(residuals) + list(aux)),
+            outvar_sizes=_sizes(list(outs) + list(stash) + list(aux)),
             donated_invars=(False,) * len(in_structs),
         )
 
@@ -214,25 +182,23 @@ class StageModules:
         """Lower and compile backward (needs `compile_forward` first)."""
         if self.forward_out is None:
             raise RuntimeError("compile_forward must run before compile_backward")
-        _, residuals, _ = self.forward_out
+        stash = list(self.forward_out[1])
         g = self.cotangent_structs()
-        kept = self.kept_values(self.param_structs, self.input_structs)
         xg_sh = [self.shardings.inputs[i] for i in self.grad_in]
         t0 = time.perf_counter()
         compiled = (
             jax.jit(self._backward, out_shardings=(self.shardings.params, xg_sh))
-            .lower(kept, residuals, g)
+            .lower(self.param_structs, tuple(stash), g)
             .compile()
         )
         seconds = time.perf_counter() - t0
-        names = [v.name for v in [*self.program.params, *self.program.inputs]]
-        in_names = [names[i] for i in self.kept_inputs]
-        in_names += [f"res[{k}]" for k in range(len(residuals))]
+        in_names = [p.name for p in self.program.params]
+        in_names += [f"stash:{v.name}" for v in self.program.stash]
         in_names += [f"grad:{self.program.outputs[i].name}" for i in self.diff_out]
         grad_params = [f"grad:{p.name}" for p in self.program.params]
         grad_inputs = [f"grad:{self.program.inputs[i].name}" for i in self.grad_in]
         grad_structs = self.param_structs + [self.input_structs[i] for i in self.grad_in]
-        in_structs = kept + list(residuals) + list(g)
+        in_structs = self.param_structs + stash + list(g)
         return CompiledModule(
             kind=ModuleKind.backward,
             compiled=compiled,

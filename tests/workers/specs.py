@@ -1,19 +1,12 @@
 """Hand-built `ModelSpec`s for workers tests: each layer a small `jax.export`ed function."""
 
-import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 
 import jax
 import jax.numpy as jnp
 
+from client.export import export_layer_pair
 from schemas import LayerSpec, ModelSpec, ParamSpec, VarSpec
-
-
-def export_program(fn: Callable, args: Sequence[VarSpec]) -> str:
-    """`fn(*args)` exported with its VJP, serialized, base64."""
-    structs = [jax.ShapeDtypeStruct(a.shape, jnp.dtype(a.dtype)) for a in args]
-    exp = jax.export.export(jax.jit(fn))(*structs)
-    return base64.b64encode(exp.serialize(vjp_order=1)).decode("ascii")
 
 
 def make_layer(
@@ -23,14 +16,22 @@ def make_layer(
     inputs: list[VarSpec],
     outputs: list[VarSpec],
     fingerprint: str = "",
+    batch: Collection[str] = ("x", "y", "ids", "labels"),
 ) -> LayerSpec:
-    """A layer whose program is `fn(*params, *inputs) -> tuple(outputs)`."""
+    """A layer whose forward is `fn(*params, *inputs) -> tuple(outputs)`, exported as a
+    forward-with-residuals/backward pair (`batch`: the model's batch input names)."""
+    pair = export_layer_pair(fn, params, inputs, outputs, no_grad=batch)
+    saved, grad_inputs = pair.names(inputs, outputs)
     return LayerSpec(
         name=name,
         inputs=inputs,
         outputs=outputs,
         params=params,
-        program=export_program(fn, [*params, *inputs]),
+        forward=pair.forward,
+        backward=pair.backward,
+        residuals=pair.residuals,
+        saved=saved,
+        grad_inputs=grad_inputs,
         fingerprint=fingerprint,
     )
 
