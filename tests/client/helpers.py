@@ -19,22 +19,39 @@ def by_name(tree: Any) -> dict[str, jax.Array]:
 def composed_loss_and_grads(
     spec: ModelSpec, params: Any, batch: dict[str, jax.Array], cuts: tuple[int, ...] = ()
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """Loss and gradients of the spec run as stages split before each layer in `cuts`."""
+    """Loss and gradients of the spec run as stages split before each layer in `cuts`: every
+    stage's forward (keeping its stash), then every stage's backward in reverse, from the
+    stash (as a pipeline runs them; no autodiff of the exported programs)."""
     bounds = [0, *cuts, spec.num_layers]
     stages = [compose_stage(spec, lo, hi - 1) for lo, hi in zip(bounds, bounds[1:], strict=False)]
     names = list(dict.fromkeys(p.name for s in stages for p in s.params))
     named = by_name(params)
 
-    def loss(values: list[jax.Array]) -> jax.Array:
+    def loss_and_grads(values: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
         env = dict(zip(names, values, strict=True)) | dict(batch)
+        stashes = []
         for stage in stages:
-            outs = stage.fn(
+            outs, stash = stage.forward(
                 [env[p.name] for p in stage.params], [env[v.name] for v in stage.inputs]
             )
             env.update(zip((v.name for v in stage.outputs), outs, strict=True))
-        return env[spec.loss]
+            stashes.append(stash)
+        ct: dict[str, jax.Array] = {spec.loss: jax.numpy.ones((), env[spec.loss].dtype)}
+        grads: dict[str, jax.Array] = {}
+        for stage, stash in zip(reversed(stages), reversed(stashes), strict=True):
+            cts = [
+                ct.get(stage.outputs[i].name, jax.numpy.zeros_like(env[stage.outputs[i].name]))
+                for i in stage.diff_outputs
+            ]
+            gp, gx = stage.backward([env[p.name] for p in stage.params], stash, cts)
+            for p, g in zip(stage.params, gp, strict=True):
+                grads[p.name] = grads[p.name] + g if p.name in grads else g
+            for j, g in zip(stage.grad_inputs, gx, strict=True):
+                n = stage.inputs[j].name
+                ct[n] = ct[n] + g if n in ct else g
+        return env[spec.loss], [grads[n] for n in names]
 
-    value, grads = jax.jit(jax.value_and_grad(loss))([named[n] for n in names])
+    value, grads = jax.jit(loss_and_grads)([named[n] for n in names])
     return float(value), {n: np.asarray(g) for n, g in zip(names, grads, strict=True)}
 
 

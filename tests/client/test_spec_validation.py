@@ -43,6 +43,7 @@ def test_a_traced_spec_is_valid(doc: dict) -> None:
 def test_input_not_produced_earlier(doc: dict) -> None:
     bad = {**doc, "layers": [dict(doc["layers"][0]), *doc["layers"][1:]]}
     bad["layers"][0]["inputs"] = [{"name": "h7", "shape": [2, 4], "dtype": "float32"}]
+    bad["layers"][0]["saved"] = []
     rejected(bad, r"layers\[0\].inputs\[0\]: 'h7' is not produced by any earlier layer")
 
 
@@ -65,6 +66,8 @@ def test_shape_disagrees_with_producer(doc: dict) -> None:
 def test_var_produced_twice(doc: dict) -> None:
     layers = [dict(layer) for layer in doc["layers"]]
     layers[1]["inputs"] = []
+    layers[1]["saved"] = []
+    layers[1]["grad_inputs"] = []
     layers[1]["outputs"] = [{**layers[1]["outputs"][0], "name": "a:0"}]
     rejected(
         {**doc, "layers": layers},
@@ -98,30 +101,54 @@ def test_programs_over_the_size_limit(doc: dict, monkeypatch: pytest.MonkeyPatch
 def test_all_violations_are_reported(doc: dict) -> None:
     layers = [dict(layer) for layer in doc["layers"]]
     layers[0]["inputs"] = [{"name": "nope", "shape": [2, 4], "dtype": "float32"}]
+    layers[0]["saved"] = []
     layers[2]["outputs"] = [{**layers[2]["outputs"][0], "shape": [3]}]
     rejected({**doc, "layers": layers}, r"layers\[0\].inputs\[0\].*; layers\[2\].outputs\[0\]")
 
 
+def test_old_single_program_form_is_refused(doc: dict) -> None:
+    layers = [dict(layer) for layer in doc["layers"]]
+    old = {k: v for k, v in layers[1].items() if k not in ("forward", "backward", "residuals")}
+    layers[1] = {**old, "program": doc["layers"][1]["forward"]}
+    rejected({**doc, "layers": layers}, r"layers\.1\n.*old single-program form.*upload it again")
+
+
+def test_grad_inputs_must_be_the_differentiated_inputs(doc: dict) -> None:
+    layers = [dict(layer) for layer in doc["layers"]]
+    layers[1]["grad_inputs"] = []
+    rejected({**doc, "layers": layers}, r"layers\[1\].grad_inputs: must list .*\['a:0'\]")
+    layers[1]["grad_inputs"] = ["nope"]
+    rejected({**doc, "layers": layers}, r"grad_inputs names 'nope', which is not a floating input")
+
+
 def test_program_signature_mismatch(doc: dict) -> None:
     layers = [dict(layer) for layer in doc["layers"]]
-    # Layer c's program (3 arguments, a scalar out) declared with layer a's signature.
-    layers[0]["program"] = doc["layers"][2]["program"]
+    # Layer c's forward (3 arguments, a scalar out) declared with layer a's signature.
+    layers[0]["forward"] = doc["layers"][2]["forward"]
     spec = ModelSpec.model_validate({**doc, "layers": layers})
-    assert check_programs(spec) == [
-        "layers[0].program: takes 3 arguments but params + inputs declare 2",
-        "layers[0].program: output 0 has shape () but outputs[0] declares (2, 4)",
-    ]
+    errors = check_programs(spec)
+    assert errors[0] == "layers[0].forward: takes 3 arguments but params + inputs declare 2"
+    assert errors[1].startswith("layers[0].forward: output 0 has shape () but outputs[0]")
+    assert all(e.startswith("layers[0].forward") for e in errors)
 
 
 def test_program_argument_mismatch(doc: dict) -> None:
     layers = [dict(layer) for layer in doc["layers"]]
-    # Layers a and b share a signature except for the input dtype declared here.
-    layers[1]["program"] = doc["layers"][0]["program"]
+    # Layers a and b have the same forward signature (a's input is not differentiated, so
+    # only their backwards differ); the parameter dtype declared here disagrees with both.
+    layers[1]["forward"] = doc["layers"][0]["forward"]
     assert check_programs(ModelSpec.model_validate({**doc, "layers": layers})) == []
+    layers[1]["backward"] = doc["layers"][0]["backward"]
+    assert check_programs(ModelSpec.model_validate({**doc, "layers": layers})) == [
+        "layers[1].backward: returns 1 outputs but params + grad_inputs declare 2"
+    ]
+    layers[1]["backward"] = doc["layers"][1]["backward"]
     layers[0]["params"] = [{**layers[0]["params"][0], "dtype": "float16"}]
     spec = ModelSpec.model_validate({**doc, "layers": layers})
     assert check_programs(spec) == [
-        "layers[0].program: argument 0 has dtype float32 but params[0] declares float16"
+        "layers[0].forward: argument 0 has dtype float32 but params[0] declares float16",
+        "layers[0].backward: argument 0 has dtype float32 but params[0] declares float16",
+        "layers[0].backward: output 0 has dtype float32 but params[0] declares float16",
     ]
 
 
@@ -130,16 +157,16 @@ def test_program_for_another_platform(doc: dict) -> None:
         jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((2, 4), jnp.float32)
     )
     layers = [dict(layer) for layer in doc["layers"]]
-    layers[0]["program"] = base64.b64encode(exported.serialize(vjp_order=1)).decode()
+    layers[0]["forward"] = base64.b64encode(exported.serialize()).decode()
     errors = check_programs(ModelSpec.model_validate({**doc, "layers": layers}))
-    assert errors == ["layers[0].program: exported for ['tpu'], not for this worker's 'cpu'"]
+    assert errors[0] == "layers[0].forward: exported for ['tpu'], not for this worker's 'cpu'"
 
 
 def test_program_not_a_program(doc: dict) -> None:
     layers = [dict(layer) for layer in doc["layers"]]
-    layers[0]["program"] = "not base64!"
-    layers[1]["program"] = base64.b64encode(b"\x00" * 64).decode()
+    layers[0]["forward"] = "not base64!"
+    layers[1]["backward"] = base64.b64encode(b"\x00" * 64).decode()
     spec = ModelSpec.model_validate({**doc, "layers": layers})
     errors = check_programs(spec)
-    assert errors[0].startswith("layers[0].program: not valid base64")
-    assert errors[1].startswith("layers[1].program: cannot be deserialized by jax.export")
+    assert errors[0].startswith("layers[0].forward: not valid base64")
+    assert errors[1].startswith("layers[1].backward: cannot be deserialized by jax.export")
