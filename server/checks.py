@@ -40,17 +40,20 @@ def storable_errors(value: Any, loc: Loc) -> Errors:
 
 
 def program_errors(spec: ModelSpec, loc: Loc) -> Errors:
-    """Each layer's program must be non-empty base64 (the runner checks it with jax)."""
+    """Each layer's forward and backward must be non-empty base64 (the runner checks them
+    with jax)."""
     errors: Errors = []
     for i, layer in enumerate(spec.layers):
-        where = (*loc, "layers", i, "program")
-        if not layer.program:
-            errors.append(field_error(where, "the layer's program is empty"))
-            continue
-        try:
-            base64.b64decode(layer.program, validate=True)
-        except (binascii.Error, ValueError) as e:
-            errors.append(field_error(where, f"must be base64 (jax.export bytes): {e}"))
+        for kind in ("forward", "backward"):
+            where = (*loc, "layers", i, kind)
+            text = getattr(layer, kind)
+            if not text:
+                errors.append(field_error(where, f"the layer's {kind} program is empty"))
+                continue
+            try:
+                base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError) as e:
+                errors.append(field_error(where, f"must be base64 (jax.export bytes): {e}"))
     return errors
 
 

@@ -31,7 +31,15 @@ from store.jobs import (
     set_job_model,
     set_job_status,
 )
-from store.models import get_model_row, get_model_spec, list_models, model_id_for, put_model
+from store.models import (
+    OldModelForm,
+    get_model_row,
+    get_model_spec,
+    is_current_form,
+    list_models,
+    model_id_for,
+    put_model,
+)
 from store.profiles import (
     CandidateIn,
     add_candidates,
@@ -64,6 +72,8 @@ __all__ = [
     "get_job",
     "get_model_row",
     "get_model_spec",
+    "OldModelForm",
+    "is_current_form",
     "get_profile",
     "is_cancel_requested",
     "is_postgres",

@@ -37,12 +37,16 @@ class ModelRow(Base):
 
 
 class LayerProgramRow(Base):
-    """A layer's serialized program and jaxpr text, stored once per layer fingerprint."""
+    """A layer's serialized programs and jaxpr text, stored once per layer fingerprint.
+
+    `program` holds the forward (with residuals), `backward` the backward; rows of the old
+    single-program form have no backward (NULL) and cannot be measured (migration 0004)."""
 
     __tablename__ = "layer_programs"
 
     fingerprint: Mapped[str] = mapped_column(String(128), primary_key=True)
     program: Mapped[str] = mapped_column(Text)
+    backward: Mapped[str | None] = mapped_column(Text, nullable=True)
     jaxpr: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

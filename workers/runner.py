@@ -177,7 +177,10 @@ class JobRunner:
             cluster = ClusterSpec.model_validate(row.cluster)
             options = PlanOptions.model_validate(row.options)
             if row.model_id is not None:
-                spec = store.get_model_spec(s, model_id=row.model_id)
+                try:
+                    spec = store.get_model_spec(s, model_id=row.model_id)
+                except store.OldModelForm as err:
+                    raise JobFailed(str(err)) from err
                 if spec is None:
                     raise JobFailed(f"model {row.model_id} is not stored")
                 return row.model_id, spec, cluster, options

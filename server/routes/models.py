@@ -10,9 +10,9 @@ from schemas import DTYPE_BYTES, ModelSpec
 from server.api_models import LayerInfo, ModelCreated, ModelOut, ModelSummary, error_responses
 from server.checks import program_errors, raise_if, storable_errors
 from server.deps import SessionDep
-from server.errors import NotFound
+from server.errors import Conflict, NotFound
 from server.examples import MODEL_EXAMPLES
-from store import ModelRow, get_model_row, get_model_spec, list_models, put_model
+from store import ModelRow, OldModelForm, get_model_row, get_model_spec, list_models, put_model
 from store.queries import layer_jaxprs
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -105,7 +105,7 @@ def read_models(
 @router.get(
     "/{model_id}",
     response_model=ModelOut,
-    responses=error_responses(404),
+    responses=error_responses(404, 409),
     summary="A stored model: layers, fingerprints and its spec",
 )
 def read_model(
@@ -118,7 +118,10 @@ def read_model(
     row = get_model_row(session, model_id=model_id)
     if row is None:
         raise NotFound(f"model {model_id!r} not found")
-    spec = get_model_spec(session, model_id=model_id, with_programs=programs)
+    try:
+        spec = get_model_spec(session, model_id=model_id, with_programs=programs)
+    except OldModelForm as err:
+        raise Conflict(str(err)) from err
     assert spec is not None
     if not programs:
         fps = [layer["fingerprint"] for layer in row.spec["layers"]]

@@ -16,10 +16,10 @@ from server.checks import (
     zoo_ref_errors,
 )
 from server.deps import SessionDep
-from server.errors import NotFound
+from server.errors import Conflict, NotFound
 from server.examples import PLAN_EXAMPLES
 from server.routes.models import store_model
-from store import create_job, get_model_row
+from store import OldModelForm, create_job, get_model_row, is_current_form
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -45,7 +45,7 @@ def _stored_micro_batch(skeleton: dict[str, Any]) -> int:
     "",
     response_model=JobCreated,
     status_code=status.HTTP_202_ACCEPTED,
-    responses=error_responses(400, 401, 403, 404, 413, 415),
+    responses=error_responses(400, 401, 403, 404, 409, 413, 415),
     summary="Plan a model on a cluster (queues a job)",
 )
 def submit_plan(
@@ -71,6 +71,8 @@ def submit_plan(
         row = get_model_row(session, model_id=model_id)
         if row is None:
             raise NotFound(f"model {model_id!r} not found; POST it to /v1/models first")
+        if not is_current_form(row.spec):
+            raise Conflict(str(OldModelForm(model_id)))
         mb = _stored_micro_batch(row.spec)
         raise_if(micro_batch_errors(body.options, mb, ("body", "options")))
     elif body.model is not None:

@@ -66,7 +66,10 @@ def chain_spec(
                 inputs=[prev],
                 outputs=[out],
                 params=[ParamSpec(name=f"w{i}", shape=(width, width), dtype="float32")],
-                program=PROGRAM,
+                forward=PROGRAM,
+                backward=PROGRAM,
+                saved=[prev.name],
+                grad_inputs=[] if i == 0 else [prev.name],
                 jaxpr=f"{{ lambda ; a:f32[{width},{width}] b:f32[{batch},{width}]. "
                 f"let c = dot_general b a in (c,) }}  # layer {i}",
                 flops=2.0 * batch * width * width,

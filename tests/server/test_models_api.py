@@ -4,8 +4,10 @@ import json
 
 import httpx
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from server import Settings
+from store import ModelRow
 from tests.server.conftest import RowCounts
 from tests.server.factories import PROGRAM, chain_spec
 from tests.server.live import LiveServer
@@ -36,10 +38,11 @@ def test_get_model_with_and_without_programs(api: httpx.Client) -> None:
     out = r.json()
     assert [layer["fingerprint"] for layer in out["layers"]] == ["chain-fp-0", "chain-fp-1"]
     assert out["layers"][0]["param_bytes"] == 8 * 8 * 4
-    assert out["spec"]["layers"][0]["program"] == ""
+    assert out["spec"]["layers"][0]["forward"] == out["spec"]["layers"][0]["backward"] == ""
     assert "dot_general" in out["spec"]["layers"][0]["jaxpr"]
     full = api.get(f"/v1/models/{model_id}", params={"programs": "true"}).json()
-    assert full["spec"]["layers"][1]["program"] == PROGRAM
+    assert full["spec"]["layers"][1]["forward"] == PROGRAM
+    assert full["spec"]["layers"][1]["backward"] == PROGRAM
     listed = api.get("/v1/models").json()
     assert [m["id"] for m in listed] == [model_id]
 
@@ -51,21 +54,21 @@ def test_unknown_model_is_404(api: httpx.Client) -> None:
 
 def test_bad_base64_program_names_the_field(api: httpx.Client, row_counts: RowCounts) -> None:
     body = spec_json(num_layers=2)
-    body["layers"][1]["program"] = "this is not base64!"
+    body["layers"][1]["backward"] = "this is not base64!"
     before = row_counts()
     r = api.post("/v1/models", json=body)
     assert r.status_code == 422
     (err,) = r.json()["detail"]
-    assert err["loc"] == ["body", "layers", 1, "program"]
-    assert err["field"] == "layers.1.program" and "base64" in err["msg"]
+    assert err["loc"] == ["body", "layers", 1, "backward"]
+    assert err["field"] == "layers.1.backward" and "base64" in err["msg"]
     assert row_counts() == before
 
 
 def test_empty_program_is_422(api: httpx.Client) -> None:
     body = spec_json(num_layers=2)
-    body["layers"][0]["program"] = ""
+    body["layers"][0]["forward"] = ""
     r = api.post("/v1/models", json=body)
-    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "layers.0.program"
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "layers.0.forward"
 
 
 @pytest.mark.parametrize(
@@ -163,3 +166,33 @@ def test_concurrent_posts_of_one_spec(api: httpx.Client, row_counts: RowCounts) 
         t.join(timeout=60)
     assert sorted(codes) == [200, 200, 200, 201]
     assert row_counts()["models"] == 1 and row_counts()["layer_programs"] == 4
+
+
+def test_old_single_program_form_is_refused_with_what_to_do(
+    api: httpx.Client, row_counts: RowCounts
+) -> None:
+    body = spec_json(num_layers=2)
+    for layer in body["layers"]:
+        layer["program"] = layer.pop("forward")
+        for key in ("backward", "residuals", "saved", "grad_inputs"):
+            layer.pop(key)
+    before = row_counts()
+    r = api.post("/v1/models", json=body)
+    assert r.status_code == 422
+    err = r.json()["detail"][0]
+    assert err["field"] == "layers.0" and "upload it again" in err["msg"]
+    assert row_counts() == before
+
+
+def test_stored_old_form_model_is_409(api: httpx.Client, db: sessionmaker[Session]) -> None:
+    skeleton = spec_json(num_layers=2)
+    for layer in skeleton["layers"]:
+        for key in ("forward", "backward", "jaxpr", "residuals", "saved", "grad_inputs"):
+            layer.pop(key)
+    with db.begin() as s:
+        s.add(ModelRow(id="2" * 64, name="old", num_layers=2, spec=skeleton))
+    r = api.get(f"/v1/models/{'2' * 64}")
+    assert r.status_code == 409 and "upload it again" in r.json()["detail"]
+    plan = {"model_id": "2" * 64, "cluster": {"num_hosts": 1, "devices_per_host": 2}}
+    r = api.post("/v1/plans", json=plan)
+    assert r.status_code == 409 and "old single-program layer form" in r.json()["detail"]

@@ -127,9 +127,9 @@ def test_inline_model_micro_batch_and_programs(api: httpx.Client, row_counts: Ro
     )
     assert r.status_code == 422
     assert r.json()["detail"][0]["field"] == "options.global_batch_size"
-    spec["layers"][2]["program"] = "%%%"
+    spec["layers"][2]["forward"] = "%%%"
     r = api.post("/v1/plans", json={"model": spec})
-    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "model.layers.2.program"
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "model.layers.2.forward"
     assert row_counts() == before
 
 

@@ -32,7 +32,8 @@ def test_models_and_plans(sdk: StageprofClient) -> None:
     assert ref.created and ref.layer_fingerprints == ["chain-fp-0", "chain-fp-1", "chain-fp-2"]
     assert sdk.put_model(spec).id == ref.id
     stored = sdk.get_model(ref.id, programs=True)
-    assert stored.layers[0].program == spec.layers[0].program
+    assert stored.layers[0].forward == spec.layers[0].forward
+    assert stored.layers[0].backward == spec.layers[0].backward
     job = sdk.submit_plan(
         model_id=ref.id,
         cluster=ClusterSpec(num_hosts=1, devices_per_host=2),
