@@ -306,6 +306,8 @@ def _result(
         _module_result(m, measured.samples.get(kind, []), available, base["submesh"].num_devices)
         for kind, m in measured.modules.items()
     )
+    # apply_grad runs once per iteration, when no micro-batch is stashed: the 1F1B rule
+    # weighs the stash against the forward/backward peak.
     peak = max(
         (m.peak_memory for m in modules if m.module.value in ("forward", "backward")), default=0
     )
