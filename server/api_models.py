@@ -36,6 +36,9 @@ class LayerInfo(Out):
     num_params: int
     param_bytes: int
     flops: float = Field(description="Forward FLOPs per micro-batch.")
+    residual_bytes: int = Field(
+        0, description="What its forward keeps for its backward per micro-batch, bytes."
+    )
 
 
 class ModelCreated(Out):

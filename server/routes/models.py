@@ -18,17 +18,22 @@ from store.queries import layer_jaxprs
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
+def _bytes(vs: list[dict[str, Any]]) -> int:
+    total = 0
+    for v in vs:
+        n = DTYPE_BYTES.get(v["dtype"], 0)
+        for d in v["shape"]:
+            n *= d
+        total += n
+    return total
+
+
 def layer_infos(skeleton: dict[str, Any]) -> list[LayerInfo]:
     """Per-layer summary of a stored spec (its `models.spec` skeleton)."""
     out = []
     for i, layer in enumerate(skeleton["layers"]):
         params = layer.get("params", [])
-        param_bytes = 0
-        for p in params:
-            n = DTYPE_BYTES.get(p["dtype"], 0)
-            for d in p["shape"]:
-                n *= d
-            param_bytes += n
+        param_bytes = _bytes(params)
         out.append(
             LayerInfo(
                 index=i,
@@ -39,6 +44,7 @@ def layer_infos(skeleton: dict[str, Any]) -> list[LayerInfo]:
                 num_params=len(params),
                 param_bytes=param_bytes,
                 flops=layer.get("flops", 0.0),
+                residual_bytes=_bytes(layer.get("residuals", [])),
             )
         )
     return out
