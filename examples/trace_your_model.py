@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = client.trace(loss_fn, params, batch, layers=args.auto, name="residual_mlp")
     for i, layer in enumerate(spec.layers):
         ins = ", ".join(v.name for v in layer.inputs)
-        print(f"{i}: {layer.name:8s} {layer.flops / 1e6:8.2f} MFLOP  in: {ins}")
+        kept = sum(r.size_bytes for r in layer.residuals) / 1e3
+        print(
+            f"{i}: {layer.name:8s} {layer.flops / 1e6:8.2f} MFLOP  keeps {kept:7.1f} kB  in: {ins}"
+        )
 
     # The layers, deserialized and composed, give back the loss (what a worker does).
     from client.tracing import path_name
