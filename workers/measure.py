@@ -5,7 +5,7 @@ back as a `StageProfileResult` with that status and the error text, never as an 
 """
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +29,17 @@ from workers.compose import compose_stage
 from workers.fingerprint import stage_fingerprint
 from workers.hlo_stats import collective_bytes
 from workers.memory import estimate_initial_bytes
+from workers.quiet import compile_slot, timing_slot
 from workers.sharding import make_mesh, stage_shardings
 from workers.stage_modules import CompiledModule, StageModules
-from workers.timing import CandidateTimeout, Deadline, median, random_array, time_runs
+from workers.timing import (
+    CandidateTimeout,
+    Deadline,
+    median,
+    random_array,
+    relative_spread,
+    time_runs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +96,7 @@ def _module_result(
     return ModuleProfileResult(
         module=m.kind,
         compute_cost=median(samples),
+        compute_cost_spread=relative_spread(samples),
         peak_memory=mem.peak,
         temp_buffer_size=mem.temp,
         invar_names=m.invar_names,
@@ -116,7 +125,10 @@ def _compile(
         ("backward", modules.compile_backward),
         ("apply_grad", modules.compile_apply_grad),
     ):
-        with _failing_as(ProfileStatus.compile_error, f"compiling {kind}"):
+        with (
+            _failing_as(ProfileStatus.compile_error, f"compiling {kind}"),
+            compile_slot(deadline.limit_s),
+        ):
             measured.modules[kind] = build()
         deadline.check(f"compile {kind}")
     apply = measured.modules["apply_grad"]
@@ -155,16 +167,34 @@ def _run_forward_backward(
         inputs = [random_array(s, 1000 + i) for i, s in enumerate(modules.input_structs)]
     fwd = measured.modules["forward"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running forward"):
-        measured.samples["forward"], (outs, stash, _) = time_runs(
-            lambda: fwd(params, inputs), options.warmup, options.repeats, deadline, "forward"
+        measured.samples["forward"], (outs, stash, _) = _timed(
+            lambda: fwd(params, inputs), options, deadline, "forward"
         )
-        cot = tuple(jax.numpy.ones_like(o) for o in outs)
+        with compile_slot(deadline.limit_s):
+            cot = jax.block_until_ready(tuple(jax.numpy.ones_like(o) for o in outs))
     bwd = measured.modules["backward"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running backward"):
-        measured.samples["backward"], (grads, _) = time_runs(
-            lambda: bwd(params, stash, cot), options.warmup, options.repeats, deadline, "backward"
+        measured.samples["backward"], (grads, _) = _timed(
+            lambda: bwd(params, stash, cot), options, deadline, "backward"
         )
     return grads
+
+
+def _timed(
+    run: Callable[[], Any], options: PlanOptions, deadline: Deadline, phase: str
+) -> tuple[list[float], Any]:
+    """Warm-up and timed runs of `run` while no other process on the machine compiles or
+    times (`workers.quiet`), repeated until the spread is under the target or the cap."""
+    with timing_slot(deadline.limit_s):
+        return time_runs(
+            run,
+            options.warmup,
+            options.repeats,
+            deadline,
+            phase,
+            max_repeats=options.max_repeats,
+            target_spread=options.target_spread,
+        )
 
 
 def _run(
@@ -176,16 +206,15 @@ def _run(
     grads = _run_forward_backward(modules, measured, options, deadline, params)
     apply = measured.modules["apply_grad"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running apply_grad"):
-        state: list[Any] = [params, _initial_opt_state(modules, params)]
+        with compile_slot(deadline.limit_s):
+            state: list[Any] = [params, _initial_opt_state(modules, params)]
         params = []  # apply_grad donates them: only `state` holds them from here
 
         def apply_once() -> Any:
             state[:] = apply(state[0], state[1], grads)
             return state
 
-        measured.samples["apply_grad"], _ = time_runs(
-            apply_once, options.warmup, options.repeats, deadline, "apply_grad"
-        )
+        measured.samples["apply_grad"], _ = _timed(apply_once, options, deadline, "apply_grad")
 
 
 def _initial_opt_state(modules: StageModules, params: list[jax.Array]) -> Any:

@@ -108,7 +108,9 @@ def check_consistent(r: StageProfileResult, spec: ModelSpec, start: int, end: in
     for m in r.module_profile_results:
         assert len(m.invar_names) == len(m.invar_sizes) == len(m.donated_invars)
         assert len(m.outvar_names) == len(m.outvar_sizes)
-        assert len(m.compute_cost_samples_s) == FAST.repeats
+        n = len(m.compute_cost_samples_s)
+        assert FAST.repeats <= n <= FAST.max_repeats
+        assert n == FAST.max_repeats or m.compute_cost_spread <= FAST.target_spread
         assert m.compute_cost == pytest.approx(statistics.median(m.compute_cost_samples_s))
         assert m.compute_cost > 0
         assert m.compile_seconds > 0

@@ -6,7 +6,7 @@ from client.cli import main
 from client.commands.profile import ensure_cpu_devices, parse_pair
 from schemas import ProfileStatus, StageProfileResult
 
-TINY = ["--zoo", "mlp", "--set", "preset=tiny", "--repeats", "2"]
+TINY = ["--zoo", "mlp", "--set", "preset=tiny", "--repeats", "2", "--max-repeats", "2"]
 
 
 def test_json_prints_the_stage_profile_result(capsys: pytest.CaptureFixture[str]) -> None:
