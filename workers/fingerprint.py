@@ -6,6 +6,10 @@ from typing import Any
 
 from schemas import LayerSpec, ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
 
+# How a stage is measured: 2 = layer pairs (no recomputation), stash of residuals, CPU peak
+# with temporaries, adaptive timing. Results of another method are never reused for these.
+MEASUREMENT_METHOD = 2
+
 # PlanOptions fields that change a measurement (the rest only steer planning or limits).
 MEASUREMENT_OPTIONS: tuple[str, ...] = (
     "optimizer",
@@ -85,6 +89,7 @@ def stage_fingerprint_doc(
         "device_kind": device_kind,
         "jax_version": jax_version,
         "profile": {k: getattr(options, k) for k in MEASUREMENT_OPTIONS},
+        "method": MEASUREMENT_METHOD,
     }
 
 
