@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
-PG_TEST_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/stageprof_test
 PYTEST_ARGS ?=
 
 .PHONY: install demo test lint format postgres chromium bench clean
@@ -26,9 +25,8 @@ postgres:
 chromium:
 	@bash scripts/ensure_chromium.sh
 
-test: install postgres chromium
-	STAGEPROF_DATABASE_URL=$(PG_TEST_URL) $(BIN)/stageprof db upgrade
-	STAGEPROF_TEST_POSTGRES_URL=$(PG_TEST_URL) $(BIN)/pytest -q -ra $(PYTEST_ARGS)
+test: install chromium
+	bash scripts/run_tests.sh $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

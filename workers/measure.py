@@ -35,6 +35,7 @@ from workers.stage_modules import CompiledModule, StageModules
 from workers.timing import (
     CandidateTimeout,
     Deadline,
+    clock_for,
     median,
     random_array,
     relative_spread,
@@ -170,8 +171,7 @@ def _run_forward_backward(
         measured.samples["forward"], (outs, stash, _) = _timed(
             lambda: fwd(params, inputs), options, deadline, "forward"
         )
-        with compile_slot(deadline.limit_s):
-            cot = jax.block_until_ready(tuple(jax.numpy.ones_like(o) for o in outs))
+        cot = jax.block_until_ready(tuple(jax.numpy.ones_like(o) for o in outs))
     bwd = measured.modules["backward"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running backward"):
         measured.samples["backward"], (grads, _) = _timed(
@@ -180,34 +180,47 @@ def _run_forward_backward(
     return grads
 
 
+# Timed runs stop adding samples beyond `repeats` once they add up to this, per module.
+TIMING_BUDGET_S = 1.0
+
+
 def _timed(
     run: Callable[[], Any], options: PlanOptions, deadline: Deadline, phase: str
 ) -> tuple[list[float], Any]:
-    """Warm-up and timed runs of `run` while no other process on the machine compiles or
-    times (`workers.quiet`), repeated until the spread is under the target or the cap."""
-    with timing_slot(deadline.limit_s):
-        return time_runs(
-            run,
-            options.warmup,
-            options.repeats,
-            deadline,
-            phase,
-            max_repeats=options.max_repeats,
-            target_spread=options.target_spread,
-        )
+    """Warm-up and timed runs of `run`, repeated until the spread is under the target, the
+    cap or the time budget (inside `_run`'s quiet timing section)."""
+    return time_runs(
+        run,
+        options.warmup,
+        options.repeats,
+        deadline,
+        phase,
+        max_repeats=options.max_repeats,
+        target_spread=options.target_spread,
+        budget_s=TIMING_BUDGET_S,
+        clock=clock_for(jax.devices()),
+    )
 
 
 def _run(
     modules: StageModules, measured: _Measured, options: PlanOptions, deadline: Deadline
 ) -> None:
-    """Allocate the stage's arrays and time forward, backward and apply_grad."""
+    """Allocate the stage's arrays and time forward, backward and apply_grad, while no
+    other process on the machine compiles or times (`workers.quiet`: one section for all
+    three, so the other actors' compiles wait once, not between modules)."""
+    with timing_slot(deadline.limit_s):
+        _run_quietly(modules, measured, options, deadline)
+
+
+def _run_quietly(
+    modules: StageModules, measured: _Measured, options: PlanOptions, deadline: Deadline
+) -> None:
     with _failing_as(ProfileStatus.runtime_error, "allocating parameters"):
         params = [random_array(s, i) for i, s in enumerate(modules.param_structs)]
     grads = _run_forward_backward(modules, measured, options, deadline, params)
     apply = measured.modules["apply_grad"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running apply_grad"):
-        with compile_slot(deadline.limit_s):
-            state: list[Any] = [params, _initial_opt_state(modules, params)]
+        state: list[Any] = [params, _initial_opt_state(modules, params)]
         params = []  # apply_grad donates them: only `state` holds them from here
 
         def apply_once() -> Any:

@@ -1,14 +1,17 @@
 """Timing compiled modules, the per-candidate deadline, and the arrays they run on."""
 
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 from workers.stage_modules import FLOAT_DTYPES
+
+ENV_CLOCK = "STAGEPROF_TIMING_CLOCK"  # auto (default), cpu or wall
 
 
 class CandidateTimeout(Exception):
@@ -55,25 +58,70 @@ def random_array(struct: Any, seed: int) -> jax.Array:
 
 
 def time_runs(
-    run: Callable[[], Any], warmup: int, repeats: int, deadline: Deadline, phase: str
+    run: Callable[[], Any],
+    warmup: int,
+    repeats: int,
+    deadline: Deadline,
+    phase: str,
+    *,
+    max_repeats: int | None = None,
+    target_spread: float | None = None,
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[list[float], Any]:
-    """`warmup` untimed then `repeats` timed calls of `run`, each ended by
-    `block_until_ready`. Returns the samples (seconds) and the last result."""
+    """`warmup` untimed then at least `repeats` timed calls of `run`, each ended by
+    `block_until_ready`. With `max_repeats` and `target_spread`, timed calls go on until
+    `relative_spread` of the samples is at most `target_spread`, there are `max_repeats`
+    of them, or (with `budget_s`) the timed calls add up to `budget_s`. The deadline is
+    checked after each call. Returns the samples (seconds of `clock`) and the last result."""
     out = None
     for _ in range(warmup):
         out = None
         out = jax.block_until_ready(run())
         deadline.check(f"{phase} warm-up")
-    samples = []
-    for _ in range(repeats):
+    cap = repeats if max_repeats is None or target_spread is None else max(repeats, max_repeats)
+    samples: list[float] = []
+    while len(samples) < cap:
+        if len(samples) >= repeats and (
+            relative_spread(samples) <= (target_spread or 0.0)
+            or (budget_s is not None and sum(samples) >= budget_s)
+        ):
+            break
         out = None
-        t0 = time.perf_counter()
+        t0 = clock()
         out = jax.block_until_ready(run())
-        samples.append(time.perf_counter() - t0)
+        samples.append(clock() - t0)
         deadline.check(phase)
     return samples, out
 
 
-def median(samples: list[float]) -> float:
+def clock_for(devices: Sequence[Any]) -> Callable[[], float]:
+    """The clock to time programs on `devices`: wall time (`perf_counter`), unless
+    `$STAGEPROF_TIMING_CLOCK=cpu` asks for this process's CPU time on all-CPU devices.
+
+    CPU time is the least moved by other processes' load (bench/timing_clock.py), but on
+    virtual CPU devices it sums every device's thread, so a stage on 2 devices costs ~1.8x
+    its wall time and the planner would rank submeshes by work instead of by time; wall time
+    is what a step takes, and the quiet sections (`workers.quiet`) keep our own actors'
+    compiles out of it. A GPU's work is never CPU time: wall time there, whatever is set."""
+    choice = os.environ.get(ENV_CLOCK, "wall").strip().lower()
+    if choice == "cpu" and devices and all(getattr(d, "platform", "") == "cpu" for d in devices):
+        return time.process_time
+    return time.perf_counter
+
+
+def median(samples: Sequence[float]) -> float:
     """Median of the samples, 0.0 when there are none."""
     return float(statistics.median(samples)) if samples else 0.0
+
+
+def relative_spread(samples: Sequence[float]) -> float:
+    """(p90 - p10) / median of the samples (linear percentiles); 0.0 for fewer than two
+    samples or a median of zero."""
+    if len(samples) < 2:
+        return 0.0
+    mid = median(samples)
+    if mid <= 0:
+        return 0.0
+    p10, p90 = np.percentile(np.asarray(samples, dtype=np.float64), [10, 90])
+    return float(p90 - p10) / mid

@@ -24,7 +24,6 @@ from tests.e2e.stack import LocalStack, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(900)]
 
-E2E_DATABASE = "stageprof_e2e"
 JOB_TIMEOUT_S = 480.0
 TINY_GPT = {
     "num_layers": 2,
@@ -47,16 +46,19 @@ OPTIONS = PlanOptions(
 
 
 def e2e_database_url() -> str:
-    """The test Postgres server's `stageprof_e2e` database, created when missing, emptied."""
-    url = make_url(postgres_url()).set(database=E2E_DATABASE)
+    """The test database's `<name>_e2e` sibling on the same server (this run's own), created
+    when missing, emptied."""
+    base = make_url(postgres_url())
+    e2e_database = f"{base.database}_e2e"
+    url = base.set(database=e2e_database)
     admin = url.set(drivername="postgresql", database="postgres")
     conninfo = admin.render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (E2E_DATABASE,)
+            "SELECT 1 FROM pg_database WHERE datname = %s", (e2e_database,)
         ).fetchone()
         if exists is None:
-            conn.execute(f'CREATE DATABASE "{E2E_DATABASE}"')
+            conn.execute(f'CREATE DATABASE "{e2e_database}"')
     text = url.render_as_string(hide_password=False)
     reset_postgres(text)
     return text

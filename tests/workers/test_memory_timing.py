@@ -53,8 +53,14 @@ def test_module_memory_peak_falls_back_to_argument_output_alias_temp() -> None:
     )
     mem = module_memory(FakeCompiled(stats))  # type: ignore[arg-type]
     assert (mem.peak, mem.temp) == (137, 7)
-    stats.peak_memory_in_bytes = 999
-    assert module_memory(FakeCompiled(stats)).peak == 999  # type: ignore[arg-type]
+    # XLA's CPU peak_memory_in_bytes leaves temporaries out: on CPU the sum is the peak.
+    stats.peak_memory_in_bytes = 130
+    assert module_memory(FakeCompiled(stats)).peak == 137  # type: ignore[arg-type]
+    # A GPU's heap-simulated peak is taken as it is.
+    gpu = SimpleNamespace(platform="gpu")
+    on_gpu = FakeCompiled(stats)
+    on_gpu.input_shardings = ((SimpleNamespace(device_set=[gpu]),), {})  # type: ignore[attr-defined]
+    assert module_memory(on_gpu).peak == 130  # type: ignore[arg-type]
     assert module_memory(FakeCompiled(None)).peak == 0  # type: ignore[arg-type]
 
 
