@@ -10,12 +10,17 @@ to it, the same samples as Alpa reduces them (their mean) and a single timed run
 first). Also per size: the recorded in-run spread (`compute_cost_spread`, median over
 stages and runs) and the timed runs per module (median).
 
+`--before` also measures the stages the way main did before quiet timing (no machine-wide
+timing lock, exactly `--repeats` timed runs), two more runs in the same invocation, and
+prints both methods side by side.
+
 Usage: python bench/repeatability.py [--layers 4] [--repeats 5] [--max-repeats 40]
-         [--target-spread 0.05] [--workers 2] [--quick]
+         [--target-spread 0.05] [--workers 2] [--before] [--quick]
 The last line printed is one JSON object with every figure.
 """
 
 import argparse
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -36,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
     parser.add_argument("--workers", type=int, default=2, help="measuring actors")
     parser.add_argument("--quick", action="store_true", help="2 blocks, 3-6 repeats (smoke)")
+    parser.add_argument(
+        "--before", action="store_true", help="also measure the old way (no lock, fixed repeats)"
+    )
     parser.add_argument("--work-dir", help="where the SQLite files go (default: a temp dir)")
     return parser.parse_args(argv)
 
@@ -112,25 +120,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="stageprof-repeat-"))
     work.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for name in ("first", "second"):
-        sessions = common.sqlite_sessions(work / f"{name}.db")
-        config = RunnerConfig(num_workers=args.workers, devices_per_worker=4)
-        runs.append(common.run_job(sessions, spec, cluster, options, config))
-    diffs = relative_differences(*runs)
-    out = report(args, layers, (repeats, options.max_repeats), runs, diffs)
+    methods = {"ours": options}
+    if args.before:
+        methods["before"] = options.model_copy(update={"max_repeats": repeats})
+    results = {}
+    for method, opts in methods.items():
+        os.environ["STAGEPROF_QUIET_TIMING"] = "0" if method == "before" else "1"
+        runs = []
+        for name in ("first", "second"):
+            sessions = common.sqlite_sessions(work / f"{method}-{name}.db")
+            config = RunnerConfig(num_workers=args.workers, devices_per_worker=4)
+            runs.append(common.run_job(sessions, spec, cluster, opts, config))
+        results[method] = (runs, relative_differences(*runs))
+    out = report(args, layers, (repeats, options.max_repeats), results)
     common.emit_json(out)
     return 0
 
 
-def report(
-    args: argparse.Namespace,
-    layers: int,
-    repeats: tuple[int, int],
-    runs: list[common.JobRun],
-    diffs: dict[int, dict[str, list[float]]],
-) -> dict[str, Any]:
-    per_size = {
+def _figures(diffs: dict[int, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    return {
         str(size): {
             "stages": len(d["median"]),
             **{f"median_abs_rel_diff_{how}": round(common.median(d[how]), 4) for how in REDUCTIONS},
@@ -141,29 +149,42 @@ def report(
         }
         for size, d in sorted(diffs.items())
     }
+
+
+def report(
+    args: argparse.Namespace,
+    layers: int,
+    repeats: tuple[int, int],
+    results: dict[str, tuple[list[common.JobRun], dict[int, dict[str, list[float]]]]],
+) -> dict[str, Any]:
+    per_method = {method: _figures(diffs) for method, (_, diffs) in results.items()}
     from rich.table import Table
 
     least, most = repeats
     table = Table(
         title=f"repeatability: same-stage difference, median over stages of |a-b|/mean(a,b) of "
-        f"compute_cost in two runs; gpt {layers} blocks, {least}-{most} timed runs per module "
-        f"(target spread {args.target_spread:g})"
+        f"compute_cost in two runs; gpt {layers} blocks; ours: quiet timing, {least}-{most} "
+        f"timed runs per module (target spread {args.target_spread:g}); before: no lock, "
+        f"{least} runs"
     )
-    cols = ("submesh", "stages", "ours (median)", "Alpa (mean)", "one run", "ours p90", "max/min")
+    cols = ("method", "submesh", "stages", "median", "Alpa (mean)", "one run", "p90", "max/min")
     for col in (*cols, "in-run spread", "timed runs"):
-        table.add_column(col, justify="left" if col == "submesh" else "right")
-    for size, fig in per_size.items():
-        table.add_row(
-            f"{size} device(s)",
-            str(fig["stages"]),
-            *(common.fmt(fig[f"median_abs_rel_diff_{how}"]) for how in REDUCTIONS),
-            common.fmt(fig["p90_abs_rel_diff_median"]),
-            common.fmt(fig["max_over_min"]),
-            common.fmt(fig["median_in_run_spread"]),
-            common.fmt(fig["median_timed_runs"]),
-        )
+        table.add_column(col, justify="left" if col in ("method", "submesh") else "right")
+    for method, per_size in per_method.items():
+        for size, fig in per_size.items():
+            table.add_row(
+                method,
+                f"{size} device(s)",
+                str(fig["stages"]),
+                *(common.fmt(fig[f"median_abs_rel_diff_{how}"]) for how in REDUCTIONS),
+                common.fmt(fig["p90_abs_rel_diff_median"]),
+                common.fmt(fig["max_over_min"]),
+                common.fmt(fig["median_in_run_spread"]),
+                common.fmt(fig["median_timed_runs"]),
+            )
     common.console().print(table)
-    return {
+    runs = results["ours"][0]
+    out: dict[str, Any] = {
         "model": "gpt",
         "blocks": layers,
         "widths": common.QUICK_WIDTHS,
@@ -173,11 +194,18 @@ def report(
         "target_spread": args.target_spread,
         "warmup": args.warmup,
         "metric": "median over stages of |a - b| / ((a + b) / 2), compute_cost = fwd + bwd",
-        "per_submesh_size": per_size,
+        "per_submesh_size": per_method["ours"],
         "wall_s": [round(r.wall_seconds, 1) for r in runs],
         "load_avg": [r.load_avg for r in runs],
         "commit": common.git_commit(),
     }
+    if "before" in per_method:
+        out["before"] = {
+            "per_submesh_size": per_method["before"],
+            "wall_s": [round(r.wall_seconds, 1) for r in results["before"][0]],
+            "load_avg": [r.load_avg for r in results["before"][0]],
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -73,14 +73,20 @@ class _Attempts:
         return self.counts[fingerprint]
 
 
+# Measurement settings of this process that its actors follow (workers.quiet, timing).
+FORWARDED_ENV = ("STAGEPROF_QUIET_TIMING", "STAGEPROF_LOCK_DIR", "STAGEPROF_TIMING_CLOCK")
+
+
 def worker_env(devices: int, use_gpus: bool) -> dict[str, str]:
-    """Environment of an actor process: N virtual CPU devices unless it has GPUs."""
+    """Environment of an actor process: N virtual CPU devices unless it has GPUs, and this
+    process's measurement settings (`FORWARDED_ENV`)."""
+    forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     if use_gpus:
-        return {}
+        return forwarded
     flags = os.environ.get("XLA_FLAGS", "")
     flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
     flags = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", **forwarded}
 
 
 class ProfileWorker:
