@@ -7,7 +7,7 @@ from planner.baselines import baseline_keys, baseline_plans
 from planner.candidates import CandidateSpace, enumerate_candidates
 from planner.choices import config_choices, logical_meshes, submesh_choices
 from planner.comm import boundary_bytes, transfer_seconds
-from planner.dp import DPResult, inference_dp, training_dp
+from planner.dp import DPResult, inference_dp, runner_up_dp, training_dp
 from planner.errors import NoFeasiblePlan
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
@@ -32,6 +32,7 @@ __all__ = [
     "logical_meshes",
     "manual_stage_option",
     "range_lower_bounds",
+    "runner_up_dp",
     "simulate_1f1b",
     "submesh_choices",
     "training_dp",

@@ -1,18 +1,33 @@
-"""Alpa's `training_dp`, transcribed as plain Python loops: the yardstick for the fast DP.
+"""Yardsticks for the fast DP, for benchmarks and cross-checks only.
 
-Same recurrence and the same bound walk as Alpa's: every distinct stage cost as `t_max`, in
+`training_dp_loops`: Alpa's `training_dp`, transcribed as plain Python loops. Same
+recurrence and the same bound walk as Alpa's: every distinct stage cost as `t_max`, in
 increasing order, stopping once `B * t_max` reaches the best objective and skipping a bound
-closer than `gap` to the last one solved. Slow (five nested loops per bound); for benchmarks
-and cross-checks only.
+closer than `gap` to the last one solved. Slow (five nested loops per bound).
+
+`runner_up_by_exclusion`: the runner-up as the best, over the chosen plan's stages, of the
+DP with that stage made infeasible (one whole DP per stage; `runner_up_dp` needs one walk).
 """
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from planner.dp import DPResult, Stage, SubmeshLike, pipeline_cost, validate_inputs
+from planner.dp import (
+    DPResult,
+    Stage,
+    SubmeshLike,
+    _BoundSearch,
+    _first_of_best,
+    _prepare,
+    _reduce,
+    _Table,
+    pipeline_cost,
+    validate_inputs,
+)
 
 ALPA_GAP = 1e-6
 
@@ -91,3 +106,41 @@ def training_dp_loops(
                 best_cost, best_stages = value, stages
         last = t_max
     return DPResult(cost=best_cost, stages=best_stages, num_bounds_solved=solved)
+
+
+def without_stage(table: _Table, stage: Stage) -> _Table:
+    """The same table with one stage `(start, end, submesh, config)` made infeasible."""
+    start, end, m, c = stage
+    cost = table.cost.copy()
+    cost[start, end, m, c] = np.inf
+    level = table.level.copy()
+    level[start, end, m, c] = -1
+    rows = table.best.shape[0]
+    best, arg = table.best.copy(), table.arg.copy()
+    block = (slice(start, start + 1), slice(end, end + 1))
+    best[:, *block], arg[:, *block] = _reduce(cost[block], level[block], rows, table.cfg_rank)
+    return replace(table, cost=cost, best=best, arg=arg, level=level)
+
+
+def runner_up_by_exclusion(
+    compute_cost: ArrayLike,
+    max_n_succ_stages: ArrayLike | None,
+    submesh_choices: Sequence[SubmeshLike],
+    num_devices: int,
+    num_microbatches: int,
+    chosen: Sequence[Stage],
+    config_rank: ArrayLike | None = None,
+) -> DPResult:
+    """Same answer as `runner_up_dp`: every other plan lacks a stage of `chosen`."""
+    table = _prepare(compute_cost, max_n_succ_stages, submesh_choices, num_devices, config_rank)
+    found: list[tuple[float, list[Stage]]] = []
+    solved = 0
+    for stage in dict.fromkeys(chosen):
+        walk = _BoundSearch(without_stage(table, stage), num_microbatches)
+        walk.run()
+        solved += walk.solved
+        cost, stages = walk.result()
+        if math.isfinite(cost):
+            found.append((cost, stages))
+    cost, stages = _first_of_best(table, found)
+    return DPResult(cost=cost, stages=stages, num_bounds_solved=solved)

@@ -180,6 +180,51 @@ class ManualStageOption(Frozen):
     submesh_autosharding_option_dicts: list[dict[str, Any]]
 
 
+Stability = Literal["stable", "within_noise", "unique"]
+STABILITY_LABELS: dict[str, str] = {
+    "stable": "stable",
+    "within_noise": "within noise",
+    "unique": "unique",
+}
+
+
+def stage_layout(stages: list[PlannedStage]) -> str:
+    """A plan's stages on one line: "0-2 on 1x2 as 2x1/data · 3-5 on 1x2 as 1x2/megatron"."""
+    return " · ".join(f"{s.start}-{s.end} on {s.submesh} as {s.config.label()}" for s in stages)
+
+
+def percent(fraction: float) -> str:
+    """7.3%, 0.042%, 0%: one decimal, or two significant digits below 0.1%."""
+    if fraction == 0:
+        return "0%"
+    if abs(fraction) < 1e-3:
+        return f"{fraction * 100:.2g}%"
+    return f"{fraction:.1%}"
+
+
+class RunnerUpPlan(Frozen):
+    """The best plan other than the chosen one: same table, same objective, same tie order.
+
+    Any other plan lacks at least one of the chosen plan's stages (start, end, submesh,
+    config); `planner.dp.runner_up_dp` finds the best of them exactly.
+    """
+
+    dp_cost_s: float = Field(ge=0, description="Its DP objective Σt + (B-1)·max t, seconds.")
+    gap: float | None = Field(
+        None,
+        ge=0,
+        description="(its objective − the plan's) / the plan's objective; null when the "
+        "plan's objective is 0.",
+    )
+    cost_spread: float = Field(
+        0.0, ge=0, description="Relative measured spread of its objective (as Plan.cost_spread)."
+    )
+    predicted_iteration_time_s: float = Field(
+        ge=0, description="1F1B schedule model iteration time, seconds."
+    )
+    stages: list[PlannedStage] = Field(min_length=1)
+
+
 class Plan(Frozen):
     """A pipeline plan: stages covering every layer, using every device."""
 
@@ -199,3 +244,59 @@ class Plan(Frozen):
     baselines: list[BaselinePlan] = Field(default_factory=list)
     schedule: list[ScheduleEvent] = Field(default_factory=list)
     manual_stage_option: ManualStageOption | None = None
+    cost_spread: float = Field(
+        0.0,
+        ge=0,
+        description="Relative measured spread of dp_cost_s: each stage's measured forward + "
+        "backward time times its relative spread (p90 - p10) / median over the timed runs, "
+        "weighted as the objective weighs the stage (B for the largest, else 1), over the "
+        "objective. Transfer time is modelled, not measured, and adds none; 0 when the "
+        "profiles carry no spread.",
+    )
+    runner_up: RunnerUpPlan | None = Field(
+        None, description="The best other plan; null when there is none (or not assessed)."
+    )
+    stability: Stability | None = Field(
+        None,
+        description="'stable': the runner-up's gap is larger than the measured spread (the "
+        "larger of the two plans' cost_spread); 'within_noise': it is not, so measurement "
+        "noise could swap them; 'unique': no other plan is feasible; null: not assessed "
+        "(plans stored before stageprof assessed it).",
+    )
+    runner_up_wall_seconds: float = Field(
+        0.0, ge=0, description="Time the search for the runner-up took, seconds."
+    )
+
+    @property
+    def noise_spread(self) -> float:
+        """The spread the runner-up's gap is compared with: the larger of the two plans'."""
+        if self.runner_up is None:
+            return self.cost_spread
+        return max(self.cost_spread, self.runner_up.cost_spread)
+
+    def runner_up_differs(self) -> list[bool]:
+        """For each runner-up stage, whether the plan lacks it (same layers, submesh, config)."""
+        if self.runner_up is None:
+            return []
+
+        def key(s: PlannedStage) -> tuple[int, int, tuple[int, int], str]:
+            return (s.start, s.end, s.submesh.as_tuple(), s.config.model_dump_json())
+
+        ours = {key(s) for s in self.stages}
+        return [key(s) not in ours for s in self.runner_up.stages]
+
+    def stability_summary(self) -> str | None:
+        """e.g. "stable: runner-up 7.3% slower, measured spread 2.1%"; None if not assessed."""
+        if self.stability is None:
+            return None
+        label = STABILITY_LABELS[self.stability]
+        runner = self.runner_up
+        if runner is None:
+            return f"{label}: no other plan is feasible"
+        if runner.gap is None:
+            slower = f"{runner.dp_cost_s - self.dp_cost_s:.3g} s slower"
+        elif runner.gap == 0:
+            slower = "as fast (a tie)"
+        else:
+            slower = f"{percent(runner.gap)} slower"
+        return f"{label}: runner-up {slower}, measured spread {percent(self.noise_spread)}"

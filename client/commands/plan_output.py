@@ -19,8 +19,10 @@ from rich.progress import (
 from rich.table import Table
 
 from schemas import ModelSpec, Plan
+from schemas.plan import percent, stage_layout
 
 MIB = 2**20
+STABILITY_STYLES = {"stable": "green", "within_noise": "yellow", "unique": "cyan"}
 
 
 @contextmanager
@@ -63,7 +65,8 @@ def _ms(seconds: float) -> str:
 
 
 def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, Any]) -> None:
-    """The stages table, the predicted time beside each baseline, and what it cost."""
+    """The stages table, the predicted time beside the runner-up and each baseline, whether
+    the plan is stable against the measured spread, and what it cost."""
     table = Table(title=f"pipeline plan for {spec.name}", title_justify="left")
     for col in ("stage", "layers", "submesh", "logical mesh", "strategy"):
         table.add_column(col)
@@ -93,6 +96,11 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     compare.add_column("note")
     ours = plan.predicted_iteration_time_s
     compare.add_row("stageprof DP", _ms(ours), "1.00x", f"bubble {plan.bubble_fraction:.0%}")
+    runner = plan.runner_up
+    if runner is not None:
+        ratio = runner.predicted_iteration_time_s / ours if ours > 0 else float("nan")
+        gap = "" if runner.gap is None else f"DP objective +{percent(runner.gap)}"
+        compare.add_row("runner-up", _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", gap)
     for base in plan.baselines:
         if base.iteration_time_s is None:
             compare.add_row(base.name, "-", "-", base.reason or "infeasible")
@@ -100,12 +108,27 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
             ratio = base.iteration_time_s / ours if ours > 0 else float("nan")
             compare.add_row(base.name, _ms(base.iteration_time_s), f"{ratio:.2f}x", "")
     console.print(compare)
+    print_stability(console, plan)
     console.print(
         f"{stats['candidates']} candidates, {stats['distinct_stages']} distinct stages: "
         f"{stats['measured']} measured, {stats['reused']} reused, "
         f"{stats.get('pruned', 0)} pruned, {stats['failed']} failed; "
-        f"DP {plan.dp_wall_seconds * 1e3:.1f} ms; total {stats['wall_seconds']:.1f} s"
+        f"DP {plan.dp_wall_seconds * 1e3:.1f} ms (runner-up "
+        f"{plan.runner_up_wall_seconds * 1e3:.1f} ms); total {stats['wall_seconds']:.1f} s"
     )
+
+
+def print_stability(console: Console, plan: Plan) -> None:
+    """e.g. "plan is stable: runner-up 7.3% slower, measured spread 2.1%" and the runner-up's
+    stages; nothing for a plan stored before stageprof assessed it."""
+    summary = plan.stability_summary()
+    if summary is None or plan.stability is None:
+        return
+    style = STABILITY_STYLES[plan.stability]
+    console.print(f"plan is {summary}", style=style, markup=False, highlight=False)
+    if plan.runner_up is not None:
+        layout = stage_layout(plan.runner_up.stages)
+        console.print(f"  runner-up: {layout}", style="dim", markup=False, highlight=False)
 
 
 def print_json_line(obj: dict[str, Any]) -> None:

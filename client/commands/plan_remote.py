@@ -6,7 +6,12 @@ import time
 
 from rich.console import Console
 
-from client.commands.plan_output import print_json_line, print_plan, progress_bar
+from client.commands.plan_output import (
+    print_json_line,
+    print_plan,
+    print_stability,
+    progress_bar,
+)
 from client.commands.zoo_args import parse_overrides
 from client.sdk import ApiError, StageprofClient
 from schemas import ClusterSpec, ModelSpec, PlanOptions, PlanRequest, ZooRef
@@ -59,6 +64,8 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         spec = api.get_model(job.model_id) if job.model_id else None
     if spec is not None:
         print_plan(console, spec, plan, stats)
+    else:
+        print_stability(console, plan)
     if args.json:
         print_json_line({"job_id": job_id, "plan": plan.model_dump(mode="json"), "stats": stats})
     return 0

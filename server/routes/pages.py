@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
 from schemas import JobStatus
+from schemas.plan import STABILITY_LABELS, percent
 from server.deps import SessionDep
 from server.routes.models import layer_infos
 from store import (
@@ -55,7 +56,8 @@ def fmt_time(v: Any) -> str:
     return v.strftime("%Y-%m-%d %H:%M:%S UTC") if v is not None else "–"
 
 
-TEMPLATES.env.filters.update(seconds=fmt_seconds, bytes=fmt_bytes, when=fmt_time)
+TEMPLATES.env.filters.update(seconds=fmt_seconds, bytes=fmt_bytes, when=fmt_time, percent=percent)
+TEMPLATES.env.globals.update(stability_labels=STABILITY_LABELS)
 
 
 def _page(request: Request, name: str, context: dict[str, Any], status: int = 200):

@@ -36,14 +36,18 @@ def chain_spec(num_layers: int, flops: list[float] | None = None, skip: bool = F
                 name=f"layer{i}",
                 inputs=inputs,
                 outputs=outputs,
-                program="",
+                forward="",
+                backward="",
+                grad_inputs=[v.name for v in inputs if v.name not in ("x", "y")],
                 flops=flops[i] if flops else 0.0,
             )
         )
     return ModelSpec(inputs=[x, y], layers=layers, loss="loss")
 
 
-def module(kind: ModuleKind, seconds: float, peak: int = 1000) -> ModuleProfileResult:
+def module(
+    kind: ModuleKind, seconds: float, peak: int = 1000, spread: float = 0.0
+) -> ModuleProfileResult:
     return ModuleProfileResult(
         module=kind,
         compute_cost=seconds,
@@ -55,6 +59,7 @@ def module(kind: ModuleKind, seconds: float, peak: int = 1000) -> ModuleProfileR
         outvar_sizes=(),
         donated_invars=(),
         available_memory=2**30,
+        compute_cost_spread=spread,
     )
 
 
@@ -66,11 +71,17 @@ def result(
     max_n_succ_stages: int = 100,
     status: ProfileStatus = ProfileStatus.ok,
     num_layers: int = 1,
+    spread: float = 0.0,
 ) -> StageProfileResult:
-    """A measured (or failed) stage candidate."""
+    """A measured (or failed) stage candidate; `spread`: each module's relative spread."""
     ok = status == ProfileStatus.ok
     modules = (
-        (module(ModuleKind.forward, forward), module(ModuleKind.backward, backward)) if ok else ()
+        (
+            module(ModuleKind.forward, forward, spread=spread),
+            module(ModuleKind.backward, backward, spread=spread),
+        )
+        if ok
+        else ()
     )
     return StageProfileResult(
         status=status,

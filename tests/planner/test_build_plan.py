@@ -21,11 +21,14 @@ OPTIONS = PlanOptions(num_microbatches=4, strategies=["data"])
 
 
 def measure_all(space, seconds, **kwargs) -> dict[tuple[int, int, int, int], StageProfileResult]:
-    """A result for every key; `seconds(start, end, devices, config_id)` is its forward."""
+    """A result for every key; `seconds(start, end, devices, config_id)` is its forward
+    (inf: the key is left unmeasured)."""
     out = {}
     for key in space.keys:
         submesh, config = space.resolve(key)
         fwd = seconds(key.start, key.end, submesh.num_devices, key.config_id)
+        if not math.isfinite(fwd):
+            continue  # not measured
         out[key.as_tuple()] = result(
             submesh, config, fwd, 2 * fwd, num_layers=key.end - key.start + 1, **kwargs
         )

@@ -19,6 +19,7 @@ from schemas import (
     PlannedStage,
     PlanOptions,
     ProfileStatus,
+    RunnerUpPlan,
     ShardingConfig,
     StageKey,
     StageProfileResult,
@@ -160,36 +161,62 @@ def _fingerprint(salt: str, key: tuple[int, int, int, int]) -> str:
     return f"{salt}-{key[0]}-{key[1]}-{key[2]}-{key[3]}"
 
 
+def _planned(start: int, end: int, salt: str) -> PlannedStage:
+    """Layers start..end on one device (submesh 0, config 0), as the profiles measured them."""
+    cost = candidate_cost(start, end, 0, 0)
+    return PlannedStage(
+        start=start,
+        end=end,
+        layer_names=[f"chain_layer{i}" for i in range(start, end + 1)],
+        submesh_id=0,
+        config_id=0,
+        submesh=SubmeshShape(hosts=1, devices_per_host=1),
+        config=ShardingConfig(logical_mesh=(1, 1), strategy="data"),
+        forward_cost=cost / 3,
+        backward_cost=2 * cost / 3,
+        compute_cost=cost,
+        peak_memory=1000,
+        initial_var_size=400,
+        intermediate_size=100,
+        max_n_succ_stages=5,
+        fingerprint=_fingerprint(salt, (start, end, 0, 0)),
+    )
+
+
+def _objective(stages: list[PlannedStage], num_microbatches: int) -> float:
+    costs = [s.compute_cost for s in stages]
+    return sum(costs) + (num_microbatches - 1) * max(costs)
+
+
 def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
-    """Two stages (halves of the model) on one device each, with the 1F1B schedule."""
+    """Two stages (halves of the model) on one device each, with the 1F1B schedule; the
+    runner-up is the cheapest other split that is not cheaper (the plan is then stable:
+    its gap is above the spread), or there is none (unique)."""
     half = num_layers // 2
-    stages = []
-    for start, end in ((0, half - 1), (half, num_layers - 1)):
-        cost = candidate_cost(start, end, 0, 0)
-        stages.append(
-            PlannedStage(
-                start=start,
-                end=end,
-                layer_names=[f"chain_layer{i}" for i in range(start, end + 1)],
-                submesh_id=0,
-                config_id=0,
-                submesh=SubmeshShape(hosts=1, devices_per_host=1),
-                config=ShardingConfig(logical_mesh=(1, 1), strategy="data"),
-                forward_cost=cost / 3,
-                backward_cost=2 * cost / 3,
-                compute_cost=cost,
-                peak_memory=1000,
-                initial_var_size=400,
-                intermediate_size=100,
-                max_n_succ_stages=5,
-                fingerprint=_fingerprint(salt, (start, end, 0, 0)),
-            )
-        )
+    stages = [_planned(0, half - 1, salt), _planned(half, num_layers - 1, salt)]
     schedule = simulate_1f1b(
         [s.forward_cost for s in stages], [s.backward_cost for s in stages], num_microbatches
     )
-    costs = [s.compute_cost for s in stages]
-    dp_cost = sum(costs) + (num_microbatches - 1) * max(costs)
+    dp_cost = _objective(stages, num_microbatches)
+    splits = [
+        (_objective(other, num_microbatches), other)
+        for k in range(1, num_layers)
+        if k != half
+        for other in [[_planned(0, k - 1, salt), _planned(k, num_layers - 1, salt)]]
+    ]
+    runner_up = None
+    if any(cost >= dp_cost for cost, _ in splits):
+        other_cost, other = min((c, o) for c, o in splits if c >= dp_cost)
+        other_schedule = simulate_1f1b(
+            [s.forward_cost for s in other], [s.backward_cost for s in other], num_microbatches
+        )
+        runner_up = RunnerUpPlan(
+            dp_cost_s=other_cost,
+            gap=(other_cost - dp_cost) / dp_cost,
+            cost_spread=0.018,
+            predicted_iteration_time_s=other_schedule.iteration_time_s,
+            stages=other,
+        )
     whole = candidate_cost(0, num_layers - 1, 1, 0)
     return Plan(
         stages=stages,
@@ -205,6 +232,10 @@ def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
             BaselinePlan(name="uniform_3", reason="3 stages do not fit 2 devices"),
         ],
         schedule=schedule.events,
+        cost_spread=0.021,
+        runner_up=runner_up,
+        stability="stable" if runner_up else "unique",
+        runner_up_wall_seconds=0.0013,
     )
 
 

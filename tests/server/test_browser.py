@@ -80,6 +80,10 @@ def test_job_page_draws_plan_heatmap_and_gantt(
     plan_table = re.search(r'<table[^>]*id="plan-stages".*?</table>', dom, re.S)
     assert plan_table is not None
     assert plan_table.group(0).count("<tr>") == 1 + len(job.plan.stages)
+    runner_up = re.search(r'<table[^>]*id="runner-up-stages".*?</table>', dom, re.S)
+    assert runner_up is not None and job.plan.runner_up is not None
+    assert runner_up.group(0).count("<tr") == 1 + len(job.plan.runner_up.stages)
+    assert "Plan is stable: runner-up" in dom
     assert 'id="heatmap-svg"' in dom
     # 8 layers: 36 (start, end) cells in the selected submesh/config, one of them failed.
     assert len(re.findall(r'class="heat-cell (?:ok|failed|pending|pruned)"', dom)) == 36

@@ -35,6 +35,9 @@ def test_job_page_of_a_finished_job(api: httpx.Client, db: sessionmaker[Session]
     assert 'id="plan-stages"' in html and 'id="baselines"' in html
     assert html.count("<tr>") >= len(seeded.plan.stages)
     assert "data_parallel" in html and "3 stages do not fit 2 devices" in html
+    assert seeded.plan.runner_up is not None
+    assert 'id="plan-stability"' in html and 'id="runner-up-stages"' in html
+    assert f"Plan is {seeded.plan.stability_summary()}." in html
     assert 'id="gantt"' in html and 'id="heatmap"' in html and 'id="profile-table"' in html
     for script in ("common.js", "heatmap.js", "gantt.js", "profiles.js", "job.js"):
         assert f"/static/{script}" in html

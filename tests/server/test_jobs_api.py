@@ -89,6 +89,7 @@ def test_plan_of_finished_job(api: httpx.Client, db: sessionmaker[Session]) -> N
     assert r.status_code == 200
     plan = Plan.model_validate(r.json())
     assert plan == seeded.plan
+    assert r.json()["stability"] == "stable" and r.json()["runner_up"]["gap"] > 0
     assert len(plan.schedule) == 2 * 2 * 4  # stages x (fwd, bwd) x micro-batches
     job = api.get(f"/v1/jobs/{seeded.job_id}").json()
     assert job["status"] == "done" and job["has_plan"] and job["finished_at"]

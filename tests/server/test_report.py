@@ -13,13 +13,14 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 
-from client.commands.plan_output import write_report
-from schemas import ClusterSpec, JobStatus, PlanOptions
+from client.commands.plan_output import print_plan, write_report
+from schemas import ClusterSpec, JobStatus, Plan, PlanOptions
 from server.report import SCRIPTS, cost_matrix_url, render_job_report, stageprof_version
 from store import JobRow, ModelRow, create_job, finish_job, session_scope
-from tests.server.factories import SeededJob, seed_job
+from tests.server.factories import SeededJob, chain_spec, make_plan, seed_job
 from tests.server.test_browser import (
     ARTIFACTS,
     CHROMIUM_TIMEOUT_S,
@@ -51,6 +52,12 @@ def table(html: str, table_id: str) -> str:
     return found.group(0)
 
 
+def section(html: str, section_id: str) -> str:
+    found = re.search(rf'<section[^>]*id="{section_id}".*?</section>', html, re.S)
+    assert found is not None, section_id
+    return found.group(0)
+
+
 def assert_self_contained(html: str) -> None:
     """No src/href but data: URIs and anchors, no url() but fragments, no remote text."""
     refs = re.findall(r"""\b(?:src|href)\s*=\s*["']?([^"'\s>]*)""", html, re.I)
@@ -78,6 +85,13 @@ def test_report_of_a_finished_job(api: httpx.Client, db: sessionmaker[Session]) 
         assert f"{stage.start}–{stage.end}" in html and stage.layer_names[0] in html
     baselines = table(html, "baselines")
     assert "data_parallel" in baselines and "3 stages do not fit 2 devices" in baselines
+    runner_up = seeded.plan.runner_up
+    assert runner_up is not None and seeded.plan.stability == "stable"
+    verdict = section(html, "plan-stability")
+    assert "Plan is stable: runner-up 18.3% slower, measured spread 2.1%." in verdict
+    assert table(html, "runner-up-stages").count("<tr") == 1 + len(runner_up.stages)
+    assert "differs" in table(html, "runner-up-stages")
+    assert 'class="badge big stability-stable"' in html  # the summary tile
     assert 'id="gantt"' in html and 'id="heatmap"' in html and 'id="heatmap-select"' in html
     assert 'id="profile-table"' not in html  # the profile table pages through the API
     assert f"{seeded.num_candidates}/{seeded.num_candidates}" in html
@@ -110,6 +124,71 @@ def test_report_of_a_finished_job(api: httpx.Client, db: sessionmaker[Session]) 
     assert data["embedded"][url] == answer.json()
     matrices = data["embedded"][url]["matrices"]
     assert len(matrices) == 3 and all(len(m["compute_cost"]) == 6 for m in matrices)
+
+
+def plan_variant(plan: Plan, variant: str) -> Plan:
+    """The seeded (stable) plan as a within-noise one, a unique one, or one stored before
+    stageprof assessed stability (without the fields)."""
+    if variant == "within_noise":
+        return plan.model_copy(update={"stability": "within_noise", "cost_spread": 0.25})
+    if variant == "unique":
+        return plan.model_copy(update={"stability": "unique", "runner_up": None})
+    stored = plan.model_dump(mode="json")
+    for name in ("cost_spread", "runner_up", "stability", "runner_up_wall_seconds"):
+        del stored[name]
+    return Plan.model_validate(stored)
+
+
+@pytest.mark.parametrize(
+    ("variant", "summary"),
+    [
+        ("within_noise", "Plan is within noise: runner-up 18.3% slower, measured spread 25.0%."),
+        ("unique", "Plan is unique: no other plan is feasible."),
+        ("old", None),
+    ],
+)
+def test_report_and_job_page_show_the_verdict(
+    api: httpx.Client, db: sessionmaker[Session], variant: str, summary: str | None
+) -> None:
+    seeded = seed_job(db, num_layers=6, finished=False, recorded_fraction=1.0)
+    plan = plan_variant(make_plan(6, 4, "fp"), variant)
+    with session_scope(db) as s:
+        assert finish_job(
+            s, job_id=seeded.job_id, owner="test-runner", status=JobStatus.done, plan=plan
+        )
+    for html in (render(db, seeded.job_id), api.get(f"/jobs/{seeded.job_id}").text):
+        assert table(html, "plan-stages").count("<tr>") == 1 + len(plan.stages)
+        if summary is None:
+            assert 'id="plan-stability"' not in html and "badge big stability-" not in html
+            continue
+        verdict = section(html, "plan-stability")
+        assert summary in verdict
+        assert f'class="badge big stability-{plan.stability}"' in html
+        assert ('id="runner-up-stages"' in html) == (plan.runner_up is not None)
+
+
+def test_cli_prints_the_verdict_and_the_runner_up() -> None:
+    plan = make_plan(6, 4, "fp")
+    console = Console(record=True, width=200)
+    stats = {
+        "candidates": 10,
+        "distinct_stages": 8,
+        "measured": 6,
+        "reused": 2,
+        "pruned": 0,
+        "failed": 1,
+        "wall_seconds": 1.5,
+    }
+    print_plan(console, chain_spec(6), plan, stats)
+    text = console.export_text()
+    assert "plan is stable: runner-up 18.3% slower, measured spread 2.1%" in text
+    assert "runner-up: 0-3 on 1x1 as 1x1/data · 4-5 on 1x1 as 1x1/data" in text
+    row = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("runner-up"))
+    assert "DP objective +18.3%" in row
+    assert "DP 2.1 ms (runner-up 1.3 ms)" in text
+    console = Console(record=True, width=200)
+    print_plan(console, chain_spec(6), plan_variant(plan, "old"), stats)
+    assert "plan is" not in console.export_text()
 
 
 def test_report_escapes_user_text(db: sessionmaker[Session]) -> None:
