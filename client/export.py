@@ -11,6 +11,7 @@ in order, and input cotangents go to the floating inputs that are not batch inpu
 """
 
 import base64
+import functools
 import hashlib
 import logging
 from collections.abc import Callable, Collection, Sequence
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
 
@@ -89,10 +91,12 @@ class LayerPrograms:
 @dataclass
 class _VJPLayout:
     """Where each leaf of the forward's VJP comes from: ("param" | "input" | "output" |
-    "residual", index). Set while tracing the forward, read while tracing the backward."""
+    "residual", index), and every residual's shape and dtype. Set while tracing the forward,
+    read while tracing the backward."""
 
     tree: Any = None
     leaves: list[tuple[str, int]] | None = None
+    residuals: list[jax.ShapeDtypeStruct] | None = None
 
 
 def _struct(v: VarSpec) -> jax.ShapeDtypeStruct:
@@ -114,26 +118,81 @@ def export_layer_pair(
     """Export `fn(*params, *inputs) -> tuple(outputs)` as forward-with-residuals + backward.
 
     `no_grad`: input names whose cotangents nobody needs (the model's batch inputs);
-    integer inputs are never differentiated either."""
-    n_p = len(params)
-    diff_in = [j for j, v in enumerate(inputs) if v.dtype in FLOAT_DTYPES and v.name not in no_grad]
-    float_out = [k for k, v in enumerate(outputs) if v.dtype in FLOAT_DTYPES]
-    other_out = [k for k, v in enumerate(outputs) if v.dtype not in FLOAT_DTYPES]
-    layout = _VJPLayout()
+    integer inputs are never differentiated either. Residuals and saved vars the backward
+    never reads (e.g. what a custom JVP rule linearizes but its transpose drops) are left
+    out of both programs, so the stash is what a compiled training step keeps."""
+    pair = _LayerPair(fn, params, inputs, outputs, no_grad, platforms)
+    fwd, bwd = pair.export(None, None)
+    kept = set(bwd.module_kept_var_idx)
+    n_p, saved, res = len(params), pair.saved_refs, list(range(len(pair.residual_structs)))
+    keep_saved = [ref for k, ref in enumerate(saved) if n_p + k in kept]
+    keep_res = [r for r in res if n_p + len(saved) + r in kept]
+    if len(keep_saved) < len(saved) or len(keep_res) < len(res):
+        fwd, bwd = pair.export(keep_saved, keep_res)
+    else:
+        keep_saved, keep_res = saved, res
+    residual_specs = []
+    for k, r in enumerate(keep_res):
+        aval = pair.residual_structs[r]
+        dtype = np.dtype(aval.dtype).name
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"residual {r} of type {aval.dtype}{aval.shape} cannot be stashed")
+        residual_specs.append(VarSpec(name=f"res{k}", shape=tuple(aval.shape), dtype=dtype))
+    return LayerPrograms(
+        forward=_b64(fwd),
+        backward=_b64(bwd),
+        residuals=residual_specs,
+        saved=list(keep_saved),
+        grad_inputs=pair.diff_in,
+    )
 
-    def forward(*args: jax.Array) -> tuple[jax.Array, ...]:
+
+class _LayerPair:
+    """Traces a layer's forward (with `jax.vjp` inside) and backward for `export`."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Sequence[jax.Array]],
+        params: Sequence[ParamSpec],
+        inputs: Sequence[VarSpec],
+        outputs: Sequence[VarSpec],
+        no_grad: Collection[str],
+        platforms: Sequence[str],
+    ) -> None:
+        self.fn, self.platforms = fn, platforms
+        self.params, self.inputs, self.outputs = list(params), list(inputs), list(outputs)
+        self.diff_in = [
+            j for j, v in enumerate(inputs) if v.dtype in FLOAT_DTYPES and v.name not in no_grad
+        ]
+        self.float_out = [k for k, v in enumerate(outputs) if v.dtype in FLOAT_DTYPES]
+        self.other_out = [k for k, v in enumerate(outputs) if v.dtype not in FLOAT_DTYPES]
+        self.layout = _VJPLayout()
+
+    @property
+    def saved_refs(self) -> list[tuple[str, int]]:
+        """The layer's inputs/outputs the VJP keeps, as ("input" | "output", position)."""
+        assert self.layout.leaves is not None
+        return sorted({w for w in self.layout.leaves if w[0] in ("input", "output")})
+
+    @property
+    def residual_structs(self) -> list[jax.ShapeDtypeStruct]:
+        assert self.layout.residuals is not None
+        return self.layout.residuals
+
+    def _forward(self, keep_res: Sequence[int] | None, *args: jax.Array) -> tuple:
+        n_p, layout = len(self.params), self.layout
         ps, xs = list(args[:n_p]), list(args[n_p:])
 
         def f(pp: list, dd: list) -> tuple[tuple, tuple]:
             full = list(xs)
-            for j, d in zip(diff_in, dd, strict=True):
+            for j, d in zip(self.diff_in, dd, strict=True):
                 full[j] = d
-            outs = fn(*pp, *full)
-            return tuple(outs[k] for k in float_out), tuple(outs[k] for k in other_out)
+            outs = self.fn(*pp, *full)
+            return tuple(outs[k] for k in self.float_out), tuple(outs[k] for k in self.other_out)
 
-        fouts, vjp, others = jax.vjp(f, ps, [xs[j] for j in diff_in], has_aux=True)
-        outs: list[Any] = [None] * len(outputs)
-        for k, o in zip(float_out + other_out, list(fouts) + list(others), strict=True):
+        fouts, vjp, others = jax.vjp(f, ps, [xs[j] for j in self.diff_in], has_aux=True)
+        outs: list[Any] = [None] * len(self.outputs)
+        for k, o in zip(self.float_out + self.other_out, [*fouts, *others], strict=True):
             outs[k] = o
         known: dict[int, tuple[str, int]] = {}
         for k, o in enumerate(outs):
@@ -154,53 +213,58 @@ def export_layer_pair(
                     residuals.append(leaf)
                 where = ("residual", fresh[id(leaf)])
             layout.leaves.append(where)
-        return (*outs, *residuals)
+        layout.residuals = [jax.ShapeDtypeStruct(r.shape, r.dtype) for r in residuals]
+        kept = range(len(residuals)) if keep_res is None else keep_res
+        return (*outs, *(residuals[r] for r in kept))
 
-    in_structs = [_struct(v) for v in [*params, *inputs]]
-    fwd = jax.export.export(jax.jit(forward), platforms=platforms)(*in_structs)
-    assert layout.leaves is not None
-    res_avals = fwd.out_avals[len(outputs) :]
-    residual_specs = []
-    for k, aval in enumerate(res_avals):
-        dtype = np.dtype(aval.dtype).name
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"residual {k} of type {aval.str_short()} cannot be stashed")
-        residual_specs.append(VarSpec(name=f"res{k}", shape=tuple(aval.shape), dtype=dtype))
-    saved_refs = sorted({w for w in layout.leaves if w[0] in ("input", "output")})
-    saved_vars = [inputs[i] if kind == "input" else outputs[i] for kind, i in saved_refs]
-    slot = {ref: n for n, ref in enumerate(saved_refs)}
-    leaf_layout = list(layout.leaves)
-    tree = layout.tree
-    n_s, n_r = len(saved_refs), len(residual_specs)
-
-    def backward(*args: jax.Array) -> tuple[jax.Array, ...]:
-        ps, saved = args[:n_p], args[n_p : n_p + n_s]
-        res, cts = args[n_p + n_s : n_p + n_s + n_r], args[n_p + n_s + n_r :]
+    def _backward(
+        self,
+        saved_refs: Sequence[tuple[str, int]],
+        keep_res: Sequence[int],
+        *args: jax.Array,
+    ) -> tuple[jax.Array, ...]:
+        n_p, n_s, n_r = len(self.params), len(saved_refs), len(keep_res)
+        ps, saved = args[:n_p], dict(zip(saved_refs, args[n_p : n_p + n_s], strict=True))
+        res = dict(zip(keep_res, args[n_p + n_s : n_p + n_s + n_r], strict=True))
+        cts = args[n_p + n_s + n_r :]
+        assert self.layout.leaves is not None
         leaves = []
-        for kind, i in leaf_layout:
+        for kind, i in self.layout.leaves:
             if kind == "param":
                 leaves.append(ps[i])
-            elif kind == "residual":
-                leaves.append(res[i])
+            elif kind == "residual":  # a residual backward never reads: a stand-in
+                r = self.residual_structs[i]
+                leaves.append(res[i] if i in res else jnp.zeros(r.shape, r.dtype))
             else:
-                leaves.append(saved[slot[(kind, i)]])
-        grads_p, grads_d = jax.tree_util.tree_unflatten(tree, leaves)(tuple(cts))
+                var = (self.inputs if kind == "input" else self.outputs)[i]
+                leaves.append(saved.get((kind, i), jnp.zeros(var.shape, var.dtype)))
+        grads_p, grads_d = jax.tree_util.tree_unflatten(self.layout.tree, leaves)(tuple(cts))
         return (*grads_p, *grads_d)
 
-    bwd_structs = [
-        *in_structs[:n_p],
-        *(_struct(v) for v in saved_vars),
-        *(_struct(v) for v in residual_specs),
-        *(_struct(outputs[k]) for k in float_out),
-    ]
-    bwd = jax.export.export(jax.jit(backward), platforms=platforms)(*bwd_structs)
-    return LayerPrograms(
-        forward=_b64(fwd),
-        backward=_b64(bwd),
-        residuals=residual_specs,
-        saved=list(saved_refs),
-        grad_inputs=diff_in,
-    )
+    def export(
+        self,
+        keep_saved: Sequence[tuple[str, int]] | None,
+        keep_res: Sequence[int] | None,
+    ) -> tuple[jax.export.Exported, jax.export.Exported]:
+        """Export forward and backward, keeping the given saved vars and residuals (all of
+        them when None)."""
+        in_structs = [_struct(v) for v in [*self.params, *self.inputs]]
+        fwd = jax.export.export(
+            jax.jit(functools.partial(self._forward, keep_res)), platforms=self.platforms
+        )(*in_structs)
+        saved = self.saved_refs if keep_saved is None else list(keep_saved)
+        res = list(range(len(self.residual_structs))) if keep_res is None else list(keep_res)
+        saved_vars = [(self.inputs if k == "input" else self.outputs)[i] for k, i in saved]
+        bwd_structs = [
+            *in_structs[: len(self.params)],
+            *(_struct(v) for v in saved_vars),
+            *(self.residual_structs[r] for r in res),
+            *(_struct(self.outputs[k]) for k in self.float_out),
+        ]
+        bwd = jax.export.export(
+            jax.jit(functools.partial(self._backward, saved, res)), platforms=self.platforms
+        )(*bwd_structs)
+        return fwd, bwd
 
 
 def export_layer(

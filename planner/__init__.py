@@ -7,10 +7,11 @@ from planner.baselines import baseline_keys, baseline_plans
 from planner.candidates import CandidateSpace, enumerate_candidates
 from planner.choices import config_choices, logical_meshes, submesh_choices
 from planner.comm import boundary_bytes, transfer_seconds
-from planner.dp import DPResult, inference_dp, runner_up_dp, training_dp
+from planner.dp import DPResult, inference_dp, training_dp
 from planner.errors import NoFeasiblePlan
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
+from planner.runner_up import runner_up_dp
 from planner.schedule import Schedule, simulate_1f1b
 from planner.table import CostTable, build_cost_table
 

@@ -10,8 +10,9 @@ from numpy.typing import NDArray
 
 from planner.baselines import baseline_plans
 from planner.candidates import CandidateSpace
-from planner.dp import runner_up_dp, training_dp
+from planner.dp import training_dp
 from planner.errors import NoFeasiblePlan
+from planner.runner_up import runner_up_dp
 from planner.stability import assess, plan_cost_spread, relative_gap
 from planner.stages import planned_stage, simulate_stages
 from planner.table import CostTable, Key, build_cost_table

@@ -16,18 +16,9 @@ from dataclasses import replace
 import numpy as np
 from numpy.typing import ArrayLike
 
-from planner.dp import (
-    DPResult,
-    Stage,
-    SubmeshLike,
-    _BoundSearch,
-    _first_of_best,
-    _prepare,
-    _reduce,
-    _Table,
-    pipeline_cost,
-    validate_inputs,
-)
+from planner.dp import DPResult, _BoundSearch, _first_of_best, pipeline_cost
+from planner.dp_inputs import _prepare, _reduce, _Table, validate_inputs
+from planner.ranks import Stage, SubmeshLike
 
 ALPA_GAP = 1e-6
 

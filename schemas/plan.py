@@ -206,7 +206,7 @@ class RunnerUpPlan(Frozen):
     """The best plan other than the chosen one: same table, same objective, same tie order.
 
     Any other plan lacks at least one of the chosen plan's stages (start, end, submesh,
-    config); `planner.dp.runner_up_dp` finds the best of them exactly.
+    config); `planner.runner_up.runner_up_dp` finds the best of them exactly.
     """
 
     dp_cost_s: float = Field(ge=0, description="Its DP objective Σt + (B-1)·max t, seconds.")

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import inference_dp, runner_up_dp, training_dp
-from planner.dp import REL_TIE, pipeline_cost, plan_order_key, submesh_ranks
+from planner.dp import pipeline_cost
+from planner.ranks import REL_TIE, plan_order_key, submesh_ranks
 from planner.reference import runner_up_by_exclusion
 from tests.planner.brute_force import all_plans
 
