@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only", choices=["both", "ours", "exhaustive"], default="both", help="runs to do"
     )
+    parser.add_argument(
+        "--ours-runs", type=int, default=1, help="cold runs of ours (do they plan the same?)"
+    )
     parser.add_argument("--work-dir", help="where the SQLite files go (default: a temp dir)")
     parser.add_argument("--verbose", action="store_true", help="runner logs on stderr")
     return parser.parse_args(argv)
@@ -67,6 +70,7 @@ def breakdown(run: common.JobRun, workers: int) -> dict[str, float]:
     actor_s = run.wall_seconds * workers
     compiled = sum(compile_s.values())
     out = {f"compile_{k}_s": round(v, 3) for k, v in compile_s.items()}
+    out["compile_backward_per_stage_s"] = round(compile_s["backward"] / max(1, len(measured)), 3)
     out |= {
         "compile_s": round(compiled, 3),
         "timed_runs_s": round(runs_s, 3),
@@ -136,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="stageprof-ttp-"))
     work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, common.JobRun] = {}
-    for name in names:
-        options, runner_config = setups[name]
+    order = [(n, n) for n in names]
+    if "ours" in names:
+        order += [(f"ours.{k}", "ours") for k in range(2, args.ours_runs + 1)]
+    for name, setup in order:
+        options, runner_config = setups[setup]
         sessions = common.sqlite_sessions(work / f"{name}.db")
         began = time.perf_counter()
         runs[name] = common.run_job(sessions, spec, cluster, options, runner_config)
@@ -171,6 +178,19 @@ def report(
     }
     figures = {name: summarize(run, args.workers) for name, run in runs.items()}
     out |= figures
+    ours_runs = [run for name, run in runs.items() if name.split(".")[0] == "ours"]
+    if len(ours_runs) > 1:
+        plans = [r.outcome.plan for r in ours_runs]
+        keys = [common.plan_keys(p) if p else None for p in plans]
+        out["ours_cold_runs"] = {
+            "runs": len(ours_runs),
+            "same_plan": all(k == keys[0] for k in keys),
+            "plans": keys,
+            "stability": [getattr(p, "stability", None) if p else None for p in plans],
+            "runner_up_gap": [p.runner_up.gap if p and p.runner_up else None for p in plans],
+            "cost_spread": [p.cost_spread if p else None for p in plans],
+            "wall_s": [round(r.wall_seconds, 1) for r in ours_runs],
+        }
     ours, exh = runs.get("ours"), runs.get("exhaustive")
     if ours and exh and ours.outcome.plan and exh.outcome.plan:
         our_keys = common.plan_keys(ours.outcome.plan)
@@ -227,7 +247,12 @@ def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> Non
             ("plan cost (own table), s", "plan_cost_s"),
         )
     ]
-    for k in ("compile_forward_s", "compile_backward_s", "compile_apply_grad_s"):
+    for k in (
+        "compile_forward_s",
+        "compile_backward_s",
+        "compile_apply_grad_s",
+        "compile_backward_per_stage_s",
+    ):
         rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
     for k in ("timed_runs_s", "task_other_s", "idle_s", "store_s", "actor_s"):
         rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
@@ -242,6 +267,8 @@ def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> Non
     con.print(
         f"same plan: {out['same_plan']}   plan gap: {out['plan_gap']}   ratio: {out['ratio']}"
     )
+    if out.get("ours_cold_runs"):
+        con.print(f"ours, cold runs: {out['ours_cold_runs']}")
     if out.get("exhaustive_same_stage_spread"):
         con.print(
             f"exhaustive run, one stage measured apart: {out['exhaustive_same_stage_spread']}"

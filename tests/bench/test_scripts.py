@@ -66,3 +66,36 @@ def test_profile_table() -> None:
     assert {"worst_p95_ms", "goal_met", "goal_p95_ms"} <= set(out)
     # the keyset page returns the same rows as the OFFSET page at every depth
     assert out["keyset_vs_offset"] and all(d["same_rows"] for d in out["keyset_vs_offset"])
+
+
+@pytest.mark.slow
+def test_stage_fidelity() -> None:
+    out = run_script("stage_fidelity.py", "--quick")
+    variants = out["variants"]
+    assert set(variants) == {"plain", "remat"}
+    for name, v in variants.items():
+        # each block stays its own layer, with its jax.checkpoint inside (remat variant only)
+        assert v["layers"] == ["embed", "block0", "block1", "head"]
+        assert v["remat_in_block_layers"] is (name == "remat")
+        ours, direct, old = v["ours"], v["direct"], v["old"]
+        # ours' backward runs from the stash: the FLOPs of a direct jax.vjp, not more
+        assert 0.95 * direct["backward_flops"] <= ours["backward_flops"]
+        assert ours["backward_flops"] <= 1.05 * direct["backward_flops"]
+        # the stash is the direct VJP's residuals (parameters excluded, batch inputs kept)
+        assert abs(ours["intermediate_size"] / direct["stash_bytes"] - 1) <= 0.10
+        if name == "plain":  # the old form re-ran the forward in backward, stashing inputs
+            assert old["backward_flops"] > 1.1 * ours["backward_flops"]
+            assert old["stash_bytes"] < ours["intermediate_size"]
+        # the CPU peak rule: arguments + outputs + temporaries - alias; XLA's figure omits temps
+        for module, m in v["ours_memory"].items():
+            assert m["peak_rule"] == m["args_outs_temps"], module
+            assert m["xla_peak"] <= m["peak_rule"], module
+        assert v["ours_memory"]["backward"]["temp"] > 0
+        assert ours["backward_peak"] == v["ours_memory"]["backward"]["peak_rule"]
+        assert ours["backward_time_s"] > 0 and direct["backward_time_s"] > 0
+    plain, remat = variants["plain"]["ours"], variants["remat"]["ours"]
+    # remat keeps less from forward to backward and recomputes in backward
+    assert remat["intermediate_size"] < plain["intermediate_size"]
+    assert remat["backward_flops"] > plain["backward_flops"]
+    deterministic = {c["check"]: c["ok"] for c in out["checks"] if "FLOPs" in c["check"]}
+    assert deterministic and all(deterministic.values()), out["checks"]
