@@ -8,6 +8,7 @@ import argparse
 import sys
 import time
 
+from client.commands.measure_args import add_measurement_arguments, measurement_options
 from client.commands.worker import add_runner_arguments, runner_config
 from client.commands.zoo_args import (
     add_model_arguments,
@@ -44,18 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser.add_argument(
         "--strategies", default="data,megatron,fsdp", help="comma-separated strategies"
     )
-    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="least timed runs per module (then adaptive)"
-    )
-    parser.add_argument("--max-repeats", type=int, default=40, help="most timed runs per module")
-    parser.add_argument(
-        "--target-spread",
-        type=float,
-        default=0.05,
-        help="add timed runs until (p90 - p10) / median is under this (or --max-repeats)",
-    )
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
+    add_measurement_arguments(parser)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate")
     parser.add_argument(
         "--communication", action="store_true", help="add inter-stage transfer time"
@@ -82,11 +72,7 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         submesh_space=args.submesh_space,
         config_space=args.config_space,
         strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
-        optimizer=args.optimizer,
-        repeats=args.repeats,
-        max_repeats=max(args.repeats, args.max_repeats),
-        target_spread=args.target_spread,
-        warmup=args.warmup,
+        **measurement_options(args),
         candidate_timeout_s=args.timeout,
         include_communication=args.communication,
     )

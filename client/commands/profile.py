@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Any
 
+from client.commands.measure_args import add_measurement_arguments, measurement_options
 from client.commands.zoo_args import (
     add_model_arguments,
     load_model,
@@ -54,18 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser.add_argument(
         "--device-memory-gib", type=float, default=16.0, help="memory of one device, GiB"
     )
-    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="least timed runs per module (then adaptive)"
-    )
-    parser.add_argument("--max-repeats", type=int, default=40, help="most timed runs per module")
-    parser.add_argument(
-        "--target-spread",
-        type=float,
-        default=0.05,
-        help="add timed runs until (p90 - p10) / median is under this (or --max-repeats)",
-    )
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
+    add_measurement_arguments(parser)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the candidate")
     parser.add_argument("--json", action="store_true", help="print the StageProfileResult JSON")
     parser.set_defaults(func=run)
@@ -111,11 +101,7 @@ def _parts(
             f"{cluster.devices_per_host}"
         )
     options = PlanOptions(
-        optimizer=args.optimizer,
-        repeats=args.repeats,
-        max_repeats=max(args.repeats, args.max_repeats),
-        target_spread=args.target_spread,
-        warmup=args.warmup,
+        **measurement_options(args),
         candidate_timeout_s=args.timeout,
     )
     if args.model is None:
