@@ -174,6 +174,11 @@ class _LayerPair:
         assert self.layout.leaves is not None
         return sorted({w for w in self.layout.leaves if w[0] in ("input", "output")})
 
+    def _var(self, ref: tuple[str, int]) -> VarSpec:
+        """The layer input or output a saved ref ("input" | "output", position) names."""
+        kind, i = ref
+        return (self.inputs if kind == "input" else self.outputs)[i]
+
     @property
     def residual_structs(self) -> list[jax.ShapeDtypeStruct]:
         assert self.layout.residuals is not None
@@ -236,7 +241,7 @@ class _LayerPair:
                 r = self.residual_structs[i]
                 leaves.append(res[i] if i in res else jnp.zeros(r.shape, r.dtype))
             else:
-                var = (self.inputs if kind == "input" else self.outputs)[i]
+                var = self._var((kind, i))
                 leaves.append(saved.get((kind, i), jnp.zeros(var.shape, var.dtype)))
         grads_p, grads_d = jax.tree_util.tree_unflatten(self.layout.tree, leaves)(tuple(cts))
         return (*grads_p, *grads_d)
@@ -254,7 +259,7 @@ class _LayerPair:
         )(*in_structs)
         saved = self.saved_refs if keep_saved is None else list(keep_saved)
         res = list(range(len(self.residual_structs))) if keep_res is None else list(keep_res)
-        saved_vars = [(self.inputs if k == "input" else self.outputs)[i] for k, i in saved]
+        saved_vars = [self._var(ref) for ref in saved]
         bwd_structs = [
             *in_structs[: len(self.params)],
             *(_struct(v) for v in saved_vars),

@@ -8,6 +8,7 @@ Only floating outputs and floating inputs that come from earlier layers are diff
 integer ones (token ids, labels) and the model's batch inputs ride along untouched.
 """
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from jax.tree_util import SequenceKey
 
-from schemas import FLOAT_DTYPES, ModuleKind, ParamSpec, VarSpec  # noqa: F401 (re-exported)
+from schemas import ModuleKind, ParamSpec, VarSpec
 from workers.memory import ModuleMemory, module_memory, per_device_bytes
 from workers.sharding import StageShardings
 
@@ -61,7 +62,7 @@ class CompiledModule:
     acc_grad_invars_indices: tuple[int, ...] = ()
     acc_grad_outvars_indices: tuple[int, ...] = ()
 
-    @property
+    @functools.cached_property
     def memory(self) -> ModuleMemory:
         """Its memory per device (see `workers.memory.module_memory`)."""
         return module_memory(self.compiled)

@@ -9,9 +9,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from workers.stage_modules import FLOAT_DTYPES
+from schemas import FLOAT_DTYPES
 
-ENV_CLOCK = "STAGEPROF_TIMING_CLOCK"  # auto (default), cpu or wall
+ENV_CLOCK = "STAGEPROF_TIMING_CLOCK"  # wall (default) or cpu
 
 
 class CandidateTimeout(Exception):
