@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from schemas import ClusterSpec, Job, JobStatus, Plan, PlanOptions, Progress, ZooRef
 from store.base import utcnow
+from store.counters import add_counts
 from store.engine import is_postgres
 from store.tables import PRUNED, JobCandidateRow, JobRow, ModelRow
 
@@ -91,7 +92,8 @@ def claim_job(
     stmt = stmt.order_by(JobRow.created_at, JobRow.id).limit(1)
     if is_postgres(session):
         stmt = stmt.with_for_update(skip_locked=True)
-    row = session.scalars(stmt).first()
+    # Fresh values: the compare-and-set below must see the lease as stored, not as cached.
+    row = session.scalars(stmt.execution_options(populate_existing=True)).first()
     if row is None:
         return None
     same_lease = (
@@ -137,6 +139,56 @@ def renew_lease(session: Session, *, job_id: str, owner: str, lease_seconds: flo
         .execution_options(synchronize_session=False)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def release_lease(session: Session, *, job_id: str, owner: str) -> bool:
+    """Hand a running job back (its runner is shutting down): its lease expires now, so
+    another runner takes it over at once, or it is reaped if cancel was requested."""
+    result = session.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.lease_owner == owner, JobRow.status.in_(RUNNING))
+        .values(lease_expires_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def _expired_cancelled(job_id: str | None) -> list[Any]:
+    conditions = [
+        JobRow.status.in_(RUNNING),
+        JobRow.cancel_requested.is_(True),
+        or_(JobRow.lease_expires_at.is_(None), JobRow.lease_expires_at < utcnow()),
+    ]
+    if job_id is not None:
+        conditions.append(JobRow.id == job_id)
+    return conditions
+
+
+def cancelled_expired_ids(session: Session, *, job_id: str | None = None) -> list[str]:
+    """Running jobs with cancel requested whose lease expired (no runner will end them)."""
+    return list(session.scalars(select(JobRow.id).where(*_expired_cancelled(job_id))))
+
+
+def reap_cancelled_expired(session: Session, *, job_id: str | None = None) -> list[str]:
+    """End as `cancelled` every running job (or just `job_id`) with cancel requested whose
+    lease expired; the ids reaped, each counted in the `jobs_reaped` counter."""
+    reaped = list(
+        session.scalars(
+            update(JobRow)
+            .where(*_expired_cancelled(job_id))
+            .values(
+                status=JobStatus.cancelled.value,
+                error="cancelled by request (its runner was gone)",
+                finished_at=utcnow(),
+                lease_expires_at=None,
+            )
+            .returning(JobRow.id)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    if reaped:
+        add_counts(session, counts={"jobs_reaped": len(reaped)})
+    return reaped
 
 
 def set_job_status(session: Session, *, job_id: str, owner: str, status: JobStatus) -> bool:

@@ -169,3 +169,28 @@ class JobCandidateRow(Base):
     compute_cost: Mapped[float | None] = mapped_column(Float)
     peak_memory: Mapped[int | None] = mapped_column(BigInteger)
     recorded_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class StageClaimRow(Base):
+    """A stage fingerprint being measured: by whom, for which job, until when (a lease).
+
+    A runner claims a stage before it measures it and deletes the claim when the result is
+    stored; other jobs wait for that result instead of measuring the stage again, and take
+    the claim over once it expires (its runner died)."""
+
+    __tablename__ = "stage_claims"
+
+    fingerprint: Mapped[str] = mapped_column(String(HASH_LEN), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), index=True)
+    job_id: Mapped[str] = mapped_column(String(32))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ServiceCounterRow(Base):
+    """A monotonic counter shared by every runner and API process (DB retries, takeovers,
+    reaped jobs, stage claims waited on); `/metrics` exports them."""
+
+    __tablename__ = "service_counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0)
