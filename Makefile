@@ -31,7 +31,7 @@ test: install chromium
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy schemas store planner server migrations
+	$(BIN)/mypy schemas programs store planner server migrations
 
 format: install
 	$(BIN)/ruff format .

@@ -58,7 +58,8 @@ def layer_text(closed: core.ClosedJaxpr) -> str:
     """The layer's jaxpr as retraced text (vars named by appearance) plus a digest of consts."""
     fn = core.jaxpr_as_fun(closed)
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
-    text = str(jax.make_jaxpr(fn)(*avals))
+    # Never coloured: jax colours jaxprs printed for a terminal.
+    text = jax.make_jaxpr(fn)(*avals).pretty_print(use_color=False)
     if closed.consts:
         digest = hashlib.sha256()
         for c in closed.consts:

@@ -11,9 +11,10 @@ from jax.extend import core
 
 from client.clustering import cluster_segments, cut_bytes
 from client.export import LayerPrograms, export_layer, layer_text, slice_jaxpr
-from client.fingerprint import fingerprint
+from client.fingerprint import export_key
 from client.flops import eqn_flops
 from client.layers import clean_name, inline_scoped_calls, scope_segments
+from programs import layer_fingerprint
 from schemas import DTYPE_BYTES, FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
 
 log = logging.getLogger(__name__)
@@ -227,14 +228,14 @@ def _build_layer(
     text = layer_text(closed)
     batch = {info[v].name for v in input_vars if info[v].kind == "input"}
     grad_inputs = [v.name for v in inputs if v.dtype in FLOAT_DTYPES and v.name not in batch]
-    key = fingerprint(text, params, inputs, outputs, grad_inputs)
+    key = export_key(text, params, inputs, outputs, grad_inputs)
     if key not in programs:
         programs[key] = export_layer(closed, params, inputs, outputs, no_grad=batch)
     else:
         log.debug("layer %s reuses the programs of an identical layer", layer_name)
     pair = programs[key]
     saved, _ = pair.names(inputs, outputs)
-    return LayerSpec(
+    layer = LayerSpec(
         name=layer_name,
         inputs=inputs,
         outputs=outputs,
@@ -246,8 +247,8 @@ def _build_layer(
         grad_inputs=grad_inputs,
         jaxpr=text,
         flops=flops,
-        fingerprint=fingerprint(text, params, inputs, outputs, grad_inputs, pair.residuals),
     )
+    return layer.model_copy(update={"fingerprint": layer_fingerprint(layer)})
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -3,12 +3,13 @@
 Every check runs before anything is written, so a refused request changes nothing.
 """
 
-import base64
-import binascii
 import math
 from typing import Any
 
+import jax
 from pydantic import BaseModel
+
+import programs
 
 from schemas import ClusterSpec, ModelSpec, PlanOptions, ZooRef
 from server.errors import Loc, field_error, invalid
@@ -40,20 +41,31 @@ def storable_errors(value: Any, loc: Loc) -> Errors:
 
 
 def program_errors(spec: ModelSpec, loc: Loc) -> Errors:
-    """Each layer's forward and backward must be non-empty base64 (the runner checks them
-    with jax)."""
-    errors: Errors = []
+    """Each layer's forward and backward must deserialize (`jax.export`, CPU, no devices)
+    and match the vars the layer declares; a fingerprint the spec states must be the one
+    its programs give (`programs.layer_fingerprint`)."""
+    errors = [
+        field_error((*loc, "layers", p.layer, p.field), p.message)
+        for p in programs.check_programs(spec)
+    ]
+    if errors:
+        return errors
     for i, layer in enumerate(spec.layers):
-        for kind in ("forward", "backward"):
-            where = (*loc, "layers", i, kind)
-            text = getattr(layer, kind)
-            if not text:
-                errors.append(field_error(where, f"the layer's {kind} program is empty"))
-                continue
-            try:
-                base64.b64decode(text, validate=True)
-            except (binascii.Error, ValueError) as e:
-                errors.append(field_error(where, f"must be base64 (jax.export bytes): {e}"))
+        try:
+            computed = programs.layer_fingerprint(layer)
+        except Exception as e:  # noqa: BLE001 - a module jax cannot read is a bad spec
+            where = (*loc, "layers", i, "forward")
+            errors.append(field_error(where, f"its StableHLO module cannot be read: {e}"))
+            continue
+        if layer.fingerprint and layer.fingerprint != computed:
+            errors.append(
+                field_error(
+                    (*loc, "layers", i, "fingerprint"),
+                    f"is {layer.fingerprint!r} but the layer's programs give {computed!r}: "
+                    "the service computes fingerprints from the programs (leave it empty, "
+                    f"or trace with the server's jax {jax.__version__})",
+                )
+            )
     return errors
 
 

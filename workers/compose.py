@@ -7,25 +7,20 @@ cotangents, summing cotangents of vars read by several layers and grads of share
 Nothing is recomputed that a training step keeps (see `schemas.model` for the convention).
 """
 
-import base64
-import binascii
-import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+import programs
+from programs import load_layer
 from schemas import FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
 from workers.fingerprint import stage_io
 
 log = logging.getLogger(__name__)
 
-_CACHE_SIZE = 1024
-_cache: OrderedDict[str, jax.export.Exported] = OrderedDict()
 
 Arrays = Sequence[jax.Array]
 
@@ -51,26 +46,6 @@ class StageProgram:
     def fn(self, param_values: Arrays, input_values: Arrays) -> tuple[jax.Array, ...]:
         """The stage's outputs alone."""
         return self.forward(param_values, input_values)[0]
-
-
-def _deserialize(text: str) -> jax.export.Exported:
-    key = hashlib.sha256(text.encode("ascii")).hexdigest()
-    exported = _cache.get(key)
-    if exported is None:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-        exported = jax.export.deserialize(bytearray(raw))
-        _cache[key] = exported
-        if len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    else:
-        _cache.move_to_end(key)
-    return exported
-
-
-def load_layer(layer: LayerSpec) -> tuple[jax.export.Exported, jax.export.Exported]:
-    """Deserialize a layer's forward and backward (base64 → `jax.export.deserialize`),
-    cached by their hashes."""
-    return _deserialize(layer.forward), _deserialize(layer.backward)
 
 
 def residual_name(layer: LayerSpec, k: int) -> str:
@@ -169,86 +144,9 @@ def _zeros(v: VarSpec) -> jax.Array:
     return jnp.zeros(v.shape, v.dtype)
 
 
-def _signature_errors(
-    where: str,
-    exp: jax.export.Exported,
-    args: list[tuple[str, VarSpec]],
-    results: list[tuple[str, VarSpec]],
-) -> list[str]:
-    """Compare an export's argument/result avals with the declared vars."""
-    errors: list[str] = []
-    platform = jax.export.default_export_platform()
-    if platform not in exp.platforms:
-        errors.append(
-            f"{where}: exported for {list(exp.platforms)}, not for this worker's {platform!r}"
-        )
-    if exp.nr_devices != 1:
-        errors.append(f"{where}: exported for {exp.nr_devices} devices, expected 1")
-    for what, avals, declared in (
-        ("argument", exp.in_avals, args),
-        ("output", exp.out_avals, results),
-    ):
-        if len(avals) != len(declared):
-            fields = " + ".join(dict.fromkeys(f.split("[")[0] for f, _ in declared)) or "nothing"
-            verb = "takes" if what == "argument" else "returns"
-            errors.append(
-                f"{where}: {verb} {len(avals)} {what}s but {fields} declare {len(declared)}"
-            )
-            continue
-        for j, (aval, (field, var)) in enumerate(zip(avals, declared, strict=True)):
-            errors += _compare(where, f"{what} {j}", aval, field, var)
-    return errors
-
-
-def _indexed(name: str, vs: Sequence[VarSpec]) -> list[tuple[str, VarSpec]]:
-    return [(f"{name}[{k}]", v) for k, v in enumerate(vs)]
-
-
 def check_programs(spec: ModelSpec) -> list[str]:
     """Deserialize every layer's forward and backward and compare their signatures with the
-    declared vars. Returns one message per violation, naming the layer and field."""
-    errors: list[str] = []
-    for i, layer in enumerate(spec.layers):
-        own = {v.name: v for v in [*layer.inputs, *layer.outputs]}
-        params = _indexed("params", layer.params)
-        expected = {
-            "forward": (
-                params + _indexed("inputs", layer.inputs),
-                _indexed("outputs", layer.outputs) + _indexed("residuals", layer.residuals),
-            ),
-            "backward": (
-                params
-                + [(f"saved[{k}]", own[n]) for k, n in enumerate(layer.saved)]
-                + _indexed("residuals", layer.residuals)
-                + [
-                    (f"outputs[{k}] (cotangent)", v)
-                    for k, v in enumerate(layer.outputs)
-                    if v.dtype in FLOAT_DTYPES
-                ],
-                params + [(f"grad_inputs[{k}]", own[n]) for k, n in enumerate(layer.grad_inputs)],
-            ),
-        }
-        for kind, (args, results) in expected.items():
-            where = f"layers[{i}].{kind}"
-            try:
-                exp = _deserialize(getattr(layer, kind))
-            except (binascii.Error, ValueError) as e:
-                errors.append(f"{where}: not valid base64 ({e})")
-                continue
-            except Exception as e:  # noqa: BLE001 - any deserialization failure is a bad spec
-                errors.append(f"{where}: cannot be deserialized by jax.export ({type(e).__name__})")
-                continue
-            errors += _signature_errors(where, exp, args, results)
-    return errors
-
-
-def _compare(
-    where: str, what: str, aval: jax.core.ShapedArray, field: str, var: VarSpec
-) -> list[str]:
-    shape = tuple(aval.shape)
-    dtype = np.dtype(aval.dtype).name
-    if shape != var.shape:
-        return [f"{where}: {what} has shape {shape} but {field} declares {var.shape}"]
-    if dtype != var.dtype:
-        return [f"{where}: {what} has dtype {dtype} but {field} declares {var.dtype}"]
-    return []
+    declared vars and this worker's platform. One message per violation, naming the layer
+    and field."""
+    platform = programs.platform_problems(spec, jax.export.default_export_platform())
+    return [str(p) for p in platform + programs.check_programs(spec)]

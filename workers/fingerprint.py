@@ -2,8 +2,10 @@
 
 import hashlib
 import json
+from collections import OrderedDict
 from typing import Any
 
+from programs import layer_fingerprint
 from schemas import LayerSpec, ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
 
 # How a stage is measured: 2 = layer pairs (no recomputation), stash of residuals, CPU peak
@@ -38,10 +40,22 @@ def stage_io(spec: ModelSpec, start: int, end: int) -> tuple[list[VarSpec], list
     return list(inputs.values()), outputs
 
 
-def _layer_hash(layer: LayerSpec) -> str:
-    if layer.fingerprint:
-        return layer.fingerprint
-    return hashlib.sha256((layer.jaxpr or layer.program).encode()).hexdigest()
+_LAYER_CACHE_SIZE = 4096
+_layer_fps: OrderedDict[int, tuple[LayerSpec, str]] = OrderedDict()
+
+
+def layer_key(layer: LayerSpec) -> str:
+    """The layer's fingerprint, recomputed from its programs (`programs.layer_fingerprint`):
+    a fingerprint a spec merely claims never keys a measurement. A layer without programs
+    (a stored skeleton) keeps the fingerprint stored with it."""
+    hit = _layer_fps.get(id(layer))
+    if hit is not None and hit[0] is layer:
+        return hit[1]
+    fp = layer_fingerprint(layer) if layer.forward and layer.backward else layer.fingerprint
+    _layer_fps[id(layer)] = (layer, fp)
+    if len(_layer_fps) > _LAYER_CACHE_SIZE:
+        _layer_fps.popitem(last=False)
+    return fp
 
 
 def _shape(v: VarSpec) -> list[Any]:
@@ -69,7 +83,7 @@ def stage_fingerprint_doc(
     for layer in spec.layers[start : end + 1]:
         layers.append(
             {
-                "fingerprint": _layer_hash(layer),
+                "fingerprint": layer_key(layer),
                 "inputs": [name(v.name) for v in layer.inputs],
                 "outputs": [name(v.name) for v in layer.outputs],
                 "params": [_shape(p) + [p.logical_axes] for p in layer.params],

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+import programs
 from schemas import DTYPE_BYTES, ModelSpec
 from server.api_models import LayerInfo, ModelCreated, ModelOut, ModelSummary, error_responses
 from server.checks import program_errors, raise_if, storable_errors
@@ -51,7 +52,16 @@ def layer_infos(skeleton: dict[str, Any]) -> list[LayerInfo]:
 
 
 def store_model(session: Session, spec: ModelSpec) -> tuple[ModelRow, bool]:
-    """`put_model`, tolerating a concurrent request that stored the same rows first."""
+    """`put_model` of `spec` keyed by the fingerprints its programs give (call after
+    `program_errors` found none), tolerating a concurrent request that stored it first."""
+    spec = spec.model_copy(
+        update={
+            "layers": [
+                layer.model_copy(update={"fingerprint": programs.layer_fingerprint(layer)})
+                for layer in spec.layers
+            ]
+        }
+    )
     try:
         with session.begin_nested():
             return put_model(session, spec=spec)

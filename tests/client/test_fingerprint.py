@@ -1,4 +1,12 @@
-"""Layer fingerprints: computation and shapes only; never names, locations or values."""
+"""Layer fingerprints: computation and shapes only; never names, locations, colours or values."""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +14,8 @@ import pytest
 
 import client
 from client import zoo
-from client.fingerprint import canonical_jaxpr, layer_fingerprint
+from client.fingerprint import canonical_jaxpr
+from programs import layer_fingerprint
 
 SMALL = {"num_layers": 3, "hidden_size": 16, "num_heads": 2, "seq_len": 8, "vocab_size": 32}
 
@@ -94,3 +103,45 @@ def test_canonical_jaxpr_strips_names_addresses_and_locations() -> None:
     assert canonical_jaxpr(swapped) != canonical_jaxpr(b)
     addr = "jvp=<function f at 0x7f3a2c1b0>"
     assert canonical_jaxpr(addr) == canonical_jaxpr("jvp=<function f at 0xdeadbeef>")
+
+
+def test_canonical_jaxpr_strips_terminal_colours() -> None:
+    plain = "{ lambda ; a:f32[2]. let b:f32[2] = sin a in (b,) }"
+    coloured = "{ \x1b[34mlambda\x1b[0m ; a:f32[2]. let b:f32[2] = \x1b[1msin\x1b[0m a in (b,) }"
+    assert canonical_jaxpr(coloured) == canonical_jaxpr(plain)
+
+
+_TRACE_SCRIPT = """
+import json, client
+from client import zoo
+spec = zoo.build("gpt", num_layers=2, hidden_size=16, num_heads=2, seq_len=8, vocab_size=32)
+import jax
+print("FP " + json.dumps([layer.fingerprint for layer in spec.layers]))
+print("COLOURED", "\\x1b[" in str(jax.make_jaxpr(lambda x: x + 1)(1.0)))
+print("PLAIN_TEXT", not any("\\x1b[" in layer.jaxpr for layer in spec.layers))
+"""
+
+
+def _traced_fingerprints(seed: str, tty: bool) -> list[str]:
+    """Trace in a fresh process; under a pseudo-terminal jax colours printed jaxprs."""
+    env = {**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-c", _TRACE_SCRIPT]
+    if tty:  # util-linux `script` runs the command under a pseudo-terminal
+        cmd = ["script", "-qec", shlex.join(cmd), "/dev/null"]
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2]
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1].strip() for ln in out.stdout.splitlines()}
+    assert lines["COLOURED"] == str(tty) and lines["PLAIN_TEXT"] == "True"
+    return json.loads(lines["FP"])
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script")
+def test_equal_under_a_terminal_a_pipe_and_other_hash_seeds(gpt) -> None:
+    piped = _traced_fingerprints("1", tty=False)
+    in_terminal = _traced_fingerprints("2", tty=True)
+    assert piped == in_terminal
+    assert piped[1] == piped[2]  # the two blocks
+    same_here = zoo.build("gpt", **(SMALL | {"num_layers": 2}))
+    assert [layer.fingerprint for layer in same_here.layers] == piped

@@ -1,11 +1,16 @@
-"""Hand-made models, profiles and finished jobs for the server tests (no jax)."""
+"""Hand-made models (with real exported programs), profiles and finished jobs for the
+server tests."""
 
-import base64
+import functools
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 from sqlalchemy.orm import Session, sessionmaker
 
+from client.export import LayerPrograms, export_layer_pair
 from planner.schedule import simulate_1f1b
+from programs import layer_fingerprint
 from schemas import (
     BaselinePlan,
     ClusterSpec,
@@ -40,7 +45,6 @@ from store import (
     session_scope,
 )
 
-PROGRAM = base64.b64encode(b"not really a jax.export program").decode()
 # (submesh (hosts, devices), [(logical mesh, strategy), ...]) for a 1 x 2 cluster.
 SPACE = [
     ((1, 1), [((1, 1), "data")]),
@@ -48,10 +52,26 @@ SPACE = [
 ]
 
 
+@functools.cache
+def _dense_programs(i: int, last: bool, width: int, batch: int) -> LayerPrograms:
+    """Real `jax.export` programs of `tanh(x @ w) * (i + 1)` (summed when `last`): the scale
+    makes every layer's programs, and so its fingerprint, distinct."""
+    x = VarSpec(name="x", shape=(batch, width), dtype="float32")
+    out = VarSpec(name="y", shape=() if last else (batch, width), dtype="float32")
+    w = ParamSpec(name="w", shape=(width, width), dtype="float32")
+
+    def fn(w_: jax.Array, x_: jax.Array) -> tuple[jax.Array]:
+        y = jnp.tanh(x_ @ w_) * (i + 1)
+        return (jnp.sum(y) if last else y,)
+
+    return export_layer_pair(fn, [w], [x], [out], no_grad={"x"} if i == 0 else ())
+
+
 def chain_spec(
     num_layers: int = 6, width: int = 8, name: str = "chain", batch: int = 4
 ) -> ModelSpec:
-    """x -> h0 -> ... -> loss: dense layers with distinct fingerprints, then a scalar loss."""
+    """x -> h0 -> ... -> loss: dense layers with distinct programs and fingerprints, then a
+    scalar loss; fingerprints are the ones the service computes."""
     layers = []
     prev = VarSpec(name="x", shape=(batch, width), dtype="float32")
     for i in range(num_layers):
@@ -61,22 +81,23 @@ def chain_spec(
             shape=() if last else (batch, width),
             dtype="float32",
         )
-        layers.append(
-            LayerSpec(
-                name=f"{name}_layer{i}",
-                inputs=[prev],
-                outputs=[out],
-                params=[ParamSpec(name=f"w{i}", shape=(width, width), dtype="float32")],
-                forward=PROGRAM,
-                backward=PROGRAM,
-                saved=[prev.name],
-                grad_inputs=[] if i == 0 else [prev.name],
-                jaxpr=f"{{ lambda ; a:f32[{width},{width}] b:f32[{batch},{width}]. "
-                f"let c = dot_general b a in (c,) }}  # layer {i}",
-                flops=2.0 * batch * width * width,
-                fingerprint=f"{name}-fp-{i}",
-            )
+        pair = _dense_programs(i, last, width, batch)
+        saved, grad_inputs = pair.names([prev], [out])
+        layer = LayerSpec(
+            name=f"{name}_layer{i}",
+            inputs=[prev],
+            outputs=[out],
+            params=[ParamSpec(name=f"w{i}", shape=(width, width), dtype="float32")],
+            forward=pair.forward,
+            backward=pair.backward,
+            residuals=pair.residuals,
+            saved=saved,
+            grad_inputs=grad_inputs,
+            jaxpr=f"{{ lambda ; a:f32[{width},{width}] b:f32[{batch},{width}]. "
+            f"let c = dot_general b a in (c,) }}  # layer {i}",
+            flops=2.0 * batch * width * width,
         )
+        layers.append(layer.model_copy(update={"fingerprint": layer_fingerprint(layer)}))
         prev = out
     x = VarSpec(name="x", shape=(batch, width), dtype="float32")
     return ModelSpec(name=name, inputs=[x], layers=layers, loss="loss")

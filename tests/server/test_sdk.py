@@ -29,7 +29,7 @@ def sdk(api: httpx.Client, live_server: LiveServer) -> StageprofClient:
 def test_models_and_plans(sdk: StageprofClient) -> None:
     spec = chain_spec(num_layers=3)
     ref = sdk.put_model(spec)
-    assert ref.created and ref.layer_fingerprints == ["chain-fp-0", "chain-fp-1", "chain-fp-2"]
+    assert ref.created and ref.layer_fingerprints == [layer.fingerprint for layer in spec.layers]
     assert sdk.put_model(spec).id == ref.id
     stored = sdk.get_model(ref.id, programs=True)
     assert stored.layers[0].forward == spec.layers[0].forward

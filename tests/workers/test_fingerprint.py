@@ -60,7 +60,24 @@ def test_fingerprint_ignores_limits_and_planning_options(gpt: ModelSpec) -> None
 
 def test_fingerprint_depends_on_shapes() -> None:
     assert fp(dense_spec(batch=8), 0, 0) != fp(dense_spec(batch=16), 0, 0)
-    assert fp(dense_spec(), 0, 0) == fp(dense_spec(), 1, 1)
+    spec = dense_spec(blocks=3)
+    assert fp(spec, 1, 1) == fp(spec, 2, 2)
+    # block0 reads the batch input x, whose cotangent nobody needs: another backward
+    assert fp(spec, 0, 0) != fp(spec, 1, 1)
+
+
+def test_stage_keys_come_from_the_programs_not_the_claimed_fingerprint() -> None:
+    spec = dense_spec(blocks=3)
+    # every block claims the fingerprint "block"; the programs say block0 differs
+    assert {layer.fingerprint for layer in spec.layers[:3]} == {"block"}
+    liar = spec.model_copy(
+        update={
+            "layers": [
+                layer.model_copy(update={"fingerprint": "someone-elses"}) for layer in spec.layers
+            ]
+        }
+    )
+    assert fp(liar, 1, 2) == fp(spec, 1, 2)
 
 
 def test_stage_io_inputs_and_outputs(gpt: ModelSpec) -> None:

@@ -1,0 +1,18 @@
+"""Layer programs (`jax.export` bytes) on the CPU, without devices: deserialize them, check
+them against the spec that declares them, and compute the fingerprints measurements are
+keyed by. The SDK, the server and the workers all use these functions."""
+
+from programs.check import ProgramProblem, check_programs, platform_problems
+from programs.fingerprint import FINGERPRINT_VERSION, canonical_module, layer_fingerprint
+from programs.load import load_layer, load_program
+
+__all__ = [
+    "FINGERPRINT_VERSION",
+    "ProgramProblem",
+    "canonical_module",
+    "check_programs",
+    "layer_fingerprint",
+    "load_layer",
+    "load_program",
+    "platform_problems",
+]

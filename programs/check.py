@@ -1,0 +1,120 @@
+"""Check a spec's layer programs against the vars it declares for them."""
+
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from programs.load import load_program
+from schemas import FLOAT_DTYPES, LayerSpec, ModelSpec, VarSpec
+
+Declared = list[tuple[str, VarSpec]]
+
+
+@dataclass(frozen=True)
+class ProgramProblem:
+    """One way a layer's program disagrees with its spec: `layers[layer].field: message`."""
+
+    layer: int
+    field: str  # "forward" or "backward"
+    message: str
+
+    def __str__(self) -> str:
+        return f"layers[{self.layer}].{self.field}: {self.message}"
+
+
+def expected_signatures(layer: LayerSpec) -> dict[str, tuple[Declared, Declared]]:
+    """What each program must take and return, as (field name, declared var) pairs."""
+    own = {v.name: v for v in [*layer.inputs, *layer.outputs]}
+    params = _indexed("params", layer.params)
+    return {
+        "forward": (
+            params + _indexed("inputs", layer.inputs),
+            _indexed("outputs", layer.outputs) + _indexed("residuals", layer.residuals),
+        ),
+        "backward": (
+            params
+            + [(f"saved[{k}]", own[n]) for k, n in enumerate(layer.saved)]
+            + _indexed("residuals", layer.residuals)
+            + [
+                (f"outputs[{k}] (cotangent)", v)
+                for k, v in enumerate(layer.outputs)
+                if v.dtype in FLOAT_DTYPES
+            ],
+            params + [(f"grad_inputs[{k}]", own[n]) for k, n in enumerate(layer.grad_inputs)],
+        ),
+    }
+
+
+def check_programs(spec: ModelSpec) -> list[ProgramProblem]:
+    """Deserialize every layer's forward and backward and compare their signatures with the
+    declared vars (platforms aside: see `platform_problems`)."""
+    problems: list[ProgramProblem] = []
+    for i, layer in enumerate(spec.layers):
+        for kind, (args, results) in expected_signatures(layer).items():
+            if not getattr(layer, kind):
+                problems.append(ProgramProblem(i, kind, f"the layer's {kind} program is empty"))
+                continue
+            try:
+                exp = load_program(getattr(layer, kind))
+            except (binascii.Error, ValueError) as e:
+                problems.append(ProgramProblem(i, kind, f"not valid base64 ({e})"))
+                continue
+            except Exception as e:  # noqa: BLE001 - any deserialization failure is a bad spec
+                problems.append(
+                    ProgramProblem(
+                        i, kind, f"cannot be deserialized by jax.export ({type(e).__name__})"
+                    )
+                )
+                continue
+            problems += [ProgramProblem(i, kind, m) for m in _signature(exp, args, results)]
+    return problems
+
+
+def platform_problems(spec: ModelSpec, platform: str) -> list[ProgramProblem]:
+    """Programs not exported for `platform` (those that do not load: see `check_programs`)."""
+    problems = []
+    for i, layer in enumerate(spec.layers):
+        for kind in ("forward", "backward"):
+            try:
+                exp = load_program(getattr(layer, kind))
+            except Exception:  # noqa: BLE001 - reported by check_programs
+                continue
+            if platform not in exp.platforms:
+                problems.append(
+                    ProgramProblem(
+                        i,
+                        kind,
+                        f"exported for {list(exp.platforms)}, not for this worker's {platform!r}",
+                    )
+                )
+    return problems
+
+
+def _signature(exp: jax.export.Exported, args: Declared, results: Declared) -> list[str]:
+    errors: list[str] = []
+    if exp.nr_devices != 1:
+        errors.append(f"exported for {exp.nr_devices} devices, expected 1")
+    for what, avals, declared in (
+        ("argument", exp.in_avals, args),
+        ("output", exp.out_avals, results),
+    ):
+        if len(avals) != len(declared):
+            fields = " + ".join(dict.fromkeys(f.split("[")[0] for f, _ in declared)) or "nothing"
+            verb = "takes" if what == "argument" else "returns"
+            errors.append(f"{verb} {len(avals)} {what}s but {fields} declare {len(declared)}")
+            continue
+        for j, (aval, (field, var)) in enumerate(zip(avals, declared, strict=True)):
+            shape = tuple(aval.shape)
+            dtype = np.dtype(aval.dtype).name
+            if shape != var.shape:
+                errors.append(f"{what} {j} has shape {shape} but {field} declares {var.shape}")
+            elif dtype != var.dtype:
+                errors.append(f"{what} {j} has dtype {dtype} but {field} declares {var.dtype}")
+    return errors
+
+
+def _indexed(name: str, vs: Sequence[VarSpec]) -> Declared:
+    return [(f"{name}[{k}]", v) for k, v in enumerate(vs)]
