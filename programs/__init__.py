@@ -3,7 +3,13 @@ them against the spec that declares them, and compute the fingerprints measureme
 keyed by. The SDK, the server and the workers all use these functions."""
 
 from programs.check import ProgramProblem, check_programs, platform_problems
-from programs.fingerprint import FINGERPRINT_VERSION, canonical_module, layer_fingerprint
+from programs.fingerprint import (
+    FINGERPRINT_VERSION,
+    canonical_module,
+    layer_fingerprint,
+    verified,
+    with_fingerprints,
+)
 from programs.load import load_layer, load_program
 
 __all__ = [
@@ -15,4 +21,6 @@ __all__ = [
     "load_layer",
     "load_program",
     "platform_problems",
+    "verified",
+    "with_fingerprints",
 ]

@@ -21,7 +21,7 @@ from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
 
 from programs.load import load_program
-from schemas import LayerSpec, VarSpec
+from schemas import LayerSpec, ModelSpec, VarSpec
 
 # Bump when what is hashed changes: fingerprints of another version never match these.
 FINGERPRINT_VERSION = 3
@@ -111,3 +111,31 @@ def layer_fingerprint(layer: LayerSpec) -> str:
 
 # Spec fields that never enter a fingerprint (names, text for people, the claimed hash).
 _NOT_HASHED = {"name", "jaxpr", "flops", "fingerprint", "forward", "backward"}
+
+
+def with_fingerprints(spec: ModelSpec) -> ModelSpec:
+    """`spec` with every layer's fingerprint set to the one its programs give."""
+    layers = [
+        layer.model_copy(update={"fingerprint": layer_fingerprint(layer)}) for layer in spec.layers
+    ]
+    return spec.model_copy(update={"layers": layers})
+
+
+def verified(spec: ModelSpec) -> ModelSpec:
+    """`spec` whose programs load and match their declared vars, with fingerprints computed
+    from them. Raises `ValueError` naming every layer whose programs are wrong or whose
+    stated fingerprint is not its programs' own."""
+    from programs.check import check_programs
+
+    problems = [str(p) for p in check_programs(spec)]
+    if not problems:
+        for i, layer in enumerate(spec.layers):
+            computed = layer_fingerprint(layer)
+            if layer.fingerprint and layer.fingerprint != computed:
+                problems.append(
+                    f"layers[{i}].fingerprint: is {layer.fingerprint!r} but the layer's "
+                    f"programs give {computed!r}"
+                )
+    if problems:
+        raise ValueError("; ".join(problems))
+    return with_fingerprints(spec)

@@ -39,7 +39,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def load_model(args: argparse.Namespace) -> ModelSpec:
     """The model the arguments name: a spec file, or a zoo model built with its overrides."""
     if args.model is not None:
-        return ModelSpec.model_validate_json(args.model.read_text())
+        import programs
+
+        return programs.verified(ModelSpec.model_validate_json(args.model.read_text()))
     from client import zoo
 
     return zoo.build(args.zoo, **parse_overrides(args.overrides))

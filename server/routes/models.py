@@ -54,14 +54,7 @@ def layer_infos(skeleton: dict[str, Any]) -> list[LayerInfo]:
 def store_model(session: Session, spec: ModelSpec) -> tuple[ModelRow, bool]:
     """`put_model` of `spec` keyed by the fingerprints its programs give (call after
     `program_errors` found none), tolerating a concurrent request that stored it first."""
-    spec = spec.model_copy(
-        update={
-            "layers": [
-                layer.model_copy(update={"fingerprint": programs.layer_fingerprint(layer)})
-                for layer in spec.layers
-            ]
-        }
-    )
+    spec = programs.with_fingerprints(spec)
     try:
         with session.begin_nested():
             return put_model(session, spec=spec)

@@ -2,11 +2,15 @@
 that claims another program's fingerprint is refused, and a blob jax cannot read is a 422
 naming the layer; neither changes anything."""
 
+import argparse
 import base64
+import json
+from pathlib import Path
 
 import httpx
 import pytest
 
+from client.commands.zoo_args import load_model
 from programs import layer_fingerprint
 from tests.server.conftest import RowCounts
 from tests.server.factories import chain_spec
@@ -108,3 +112,17 @@ def test_fingerprints_do_not_depend_on_names() -> None:
     renamed = b.layers[1].model_copy(update={"name": "renamed_block", "jaxpr": "anything"})
     assert layer_fingerprint(renamed) == a.layers[1].fingerprint
     assert chain_spec(3, width=16).layers[1].fingerprint != a.layers[1].fingerprint
+
+
+def test_a_spec_file_given_to_the_cli_is_verified_the_same_way(tmp_path: Path) -> None:
+    doc = _swap_programs(_doc(name="file"), into=1, source=2)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(doc))
+    args = argparse.Namespace(model=path)
+    with pytest.raises(ValueError, match=r"layers\[1\]\.fingerprint"):
+        load_model(args)
+    for layer in doc["layers"]:
+        layer["fingerprint"] = ""
+    path.write_text(json.dumps(doc))
+    loaded = load_model(args)
+    assert loaded.layers[1].fingerprint == _doc()["layers"][2]["fingerprint"]
