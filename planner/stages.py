@@ -32,6 +32,7 @@ def planned_stage(
         intermediate_size=result.intermediate_size,
         max_n_succ_stages=result.max_n_succ_stages,
         fingerprint=result.fingerprint,
+        flops=result.flops,
     )
 
 

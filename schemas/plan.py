@@ -1,11 +1,19 @@
 """Plan requests and plans: what the planner answers, also usable as manual input."""
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from schemas.base import Frozen
-from schemas.cluster import ClusterSpec, ShardingConfig, StrategyName, SubmeshShape
+from schemas.cluster import (
+    MAX_DEVICES_PER_HOST,
+    MAX_HOSTS,
+    ClusterSpec,
+    ShardingConfig,
+    StrategyName,
+    SubmeshShape,
+)
+from schemas.limits import MAX_MANUAL_SUBMESHES
 from schemas.model import ModelSpec
 
 SubmeshSpace = Literal["power_of_two", "small_power_of_two", "all", "manual"]
@@ -15,8 +23,18 @@ MAX_MICROBATCHES = 4096
 ALL_STRATEGIES: tuple[StrategyName, ...] = ("data", "megatron", "fsdp")
 
 
+ManualSubmesh = tuple[
+    Annotated[int, Field(ge=1, le=MAX_HOSTS)],
+    Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_HOST)],
+]
+
+
 class PlanOptions(Frozen):
-    """How to enumerate, measure and plan."""
+    """How to enumerate, measure and plan.
+
+    A job may have at most `STAGEPROF_MAX_CANDIDATES` stage candidates (default 20000):
+    ranges of layers × submeshes × sharding configs; a request with more is refused (422).
+    """
 
     num_microbatches: int = Field(
         4, ge=1, le=MAX_MICROBATCHES, description="Micro-batches per iteration (B)."
@@ -28,8 +46,12 @@ class PlanOptions(Frozen):
         "Default: the spec's micro-batch size × num_microbatches.",
     )
     submesh_space: SubmeshSpace = Field("power_of_two", description="Submesh choices (Alpa).")
-    manual_submeshes: list[tuple[int, int]] | None = Field(
-        None, description="(hosts, devices_per_host) choices when submesh_space is 'manual'."
+    manual_submeshes: list[ManualSubmesh] | None = Field(
+        None,
+        max_length=MAX_MANUAL_SUBMESHES,
+        description="(hosts, devices_per_host) choices when submesh_space is 'manual', each "
+        "dividing the cluster: one host with devices dividing devices_per_host, or whole "
+        "hosts (devices = devices_per_host) with hosts dividing num_hosts; no duplicates.",
     )
     config_space: ConfigSpace = Field(
         "all", description="Logical meshes tried per submesh (Alpa's logical shape space)."
@@ -148,6 +170,9 @@ class PlannedStage(Frozen):
     intermediate_size: int = Field(0, ge=0, description="Activations per micro-batch, bytes.")
     max_n_succ_stages: int = Field(-1, description="Stages allowed after it by memory.")
     fingerprint: str = Field("", description="Stage fingerprint of its profile.")
+    flops: float = Field(
+        0.0, ge=0, description="FLOPs per device of forward + backward; 0 when not recorded."
+    )
 
 
 class ScheduleEvent(Frozen):
