@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 # the actor enforces the limit between phases, the pool enforces it on a stuck compile.
 KILL_GRACE_S = 10.0
 ACTOR_START_TIMEOUT_S = 120.0
+INFO_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -164,9 +166,21 @@ class MeasurePool:
             opts["num_gpus"] = self.config.devices_per_worker
         return cls.options(**opts).remote()
 
-    def info(self) -> dict[str, Any]:
-        """Device kind, device count and jax version of the actors (from the first one)."""
-        return ray.get(self._slots[0].actor.info.remote(), timeout=ACTOR_START_TIMEOUT_S)
+    def info(self, check: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Device kind, device count and jax version of the actors (from the first one).
+
+        Waits for the actor to start (up to `ACTOR_START_TIMEOUT_S`), calling `check` a few
+        times a second so that a cancel or a shutdown can interrupt the start-up."""
+        ref = self._slots[0].actor.info.remote()
+        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
+        while True:
+            ready, _ = ray.wait([ref], timeout=INFO_POLL_S)
+            if ready:
+                return ray.get(ref)
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no actor answered within {ACTOR_START_TIMEOUT_S:g} s")
 
     def submit(self, task: MeasureTask) -> None:
         self._queue.append(task)

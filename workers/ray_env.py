@@ -1,7 +1,13 @@
-"""Connecting to Ray: the cluster at `RAY_ADDRESS`, or a local one started in-process."""
+"""Connecting to Ray: the cluster at `RAY_ADDRESS`, or a local one started in-process.
+
+A local Ray is watched by `workers.ray_watchdog`: when this process dies, by any signal,
+the watchdog stops the Ray processes it started."""
 
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import ray
 
@@ -24,4 +30,24 @@ def connect_ray(num_cpus: int | None = None) -> None:
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
+    )
+    start_watchdog(session_name())
+
+
+def session_name() -> str:
+    """The local Ray session's name (`session_<date>_<pid>`), found in the command line
+    of each of its processes."""
+    node = ray._private.worker.global_worker.node
+    return Path(node.get_session_dir_path()).name
+
+
+def start_watchdog(session: str) -> subprocess.Popen[bytes]:
+    """A process that outlives this one and stops the Ray session `session` after it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.ray_watchdog", str(os.getpid()), session],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
     )

@@ -1,5 +1,10 @@
 """The job runner: claim a job, enumerate its candidates, reuse what is stored, measure the
-rest on Ray, store each result the moment it exists, then plan."""
+rest on Ray, store each result the moment it exists, then plan.
+
+From claim to end a `LeaseKeeper` thread renews the job's lease; every phase checks it, so a
+cancel, a lost lease or SIGTERM stops the job within seconds. Store accesses wait out
+database outages (`workers.retry`); stages are claimed across jobs (`workers.stage_ledger`).
+"""
 
 import hashlib
 import logging
@@ -8,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,18 +25,23 @@ import store
 from schemas import (
     ClusterSpec,
     JobStatus,
-    ModelSpec,
     Plan,
-    PlanOptions,
     ProfileStatus,
     StageKey,
     StageProfileResult,
 )
+from store.claims import release_claims
+from store.counters import add_counts
+from store.jobs import cancelled_expired_ids, reap_cancelled_expired, release_lease
+from workers.counters import RunnerCounters
+from workers.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
+from workers.job_inputs import JobFailed, ZooBuilder, enumerate_space, load_job
 from workers.pool import KILL_GRACE_S, MeasurePool, MeasureTask, PoolConfig, RetryPolicy
+from workers.retry import StoreRetry, is_transient
+from workers.stage_ledger import StageLedger
+from workers.stage_loop import MeasureLoop
 
 logger = logging.getLogger(__name__)
-
-ZooBuilder = Callable[[str, dict[str, Any]], ModelSpec]
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,8 @@ class RunnerConfig:
     )
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 3.0
+    # How often the heartbeat thread looks for a cancel (a read), seconds.
+    cancel_check_seconds: float = 1.0
     poll_seconds: float = 1.0
     num_workers: int | None = None
     devices_per_worker: int | None = None
@@ -67,6 +79,7 @@ class JobStats:
     wall_seconds: float = 0.0
     actors_started: int = 0
     actors_replaced: int = 0
+    waited: int = 0
 
     def as_dict(self) -> dict[str, float | int]:
         return dict(self.__dict__)
@@ -81,14 +94,10 @@ class JobOutcome:
     stats: JobStats
 
 
-class JobCancelled(Exception):
-    """The job was cancelled, or its lease was lost to another runner."""
-
-
 ProgressCallback = Callable[[store.JobRow | None, JobStats], None]
 
 
-class JobRunner:
+class JobRunner(MeasureLoop):
     """Runs jobs from the store on a Ray pool. One job at a time per runner."""
 
     def __init__(
@@ -98,118 +107,193 @@ class JobRunner:
         *,
         build_zoo: ZooBuilder | None = None,
         on_progress: ProgressCallback | None = None,
+        shutdown: threading.Event | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config or RunnerConfig()
         self.build_zoo = build_zoo
         self.on_progress = on_progress
         self.pool: MeasurePool | None = None
+        self.counters = RunnerCounters()
+        self.store = StoreRetry(sessions, counters=self.counters, shutdown=shutdown)
         self._worker_info: dict[str, Any] | None = None
 
+    @property
+    def shutdown(self) -> threading.Event:
+        """Set it (SIGTERM) to stop: the current job is handed back within seconds."""
+        return self.store.shutdown
+
     def run_forever(self, stop: threading.Event, idle_sleep_s: float = 2.0) -> None:
-        """Claim and run jobs until `stop` is set."""
+        """Claim and run jobs until `stop` is set. Nothing leaves this loop but `stop`: a
+        database outage is waited out, a bug is logged and the next job claimed."""
+        self.store.shutdown = stop
         while not stop.is_set():
-            if self.run_next() is None:
+            try:
+                outcome = self.run_next()
+            except Exception:
+                if not stop.is_set():
+                    logger.exception("runner %s: job loop error", self.config.owner)
+                outcome = None
+            if outcome is None:
+                self.reap_idle()
                 stop.wait(idle_sleep_s)
+
+    def reap_idle(self) -> list[str]:
+        """What a runner does when idle: end cancelled jobs whose runner is gone and store
+        its counters. Quiet during an outage (the next poll tries again)."""
+        pending = self.counters.take()
+
+        def reap(s: Session) -> list[str]:
+            add_counts(s, counts=pending)
+            if not cancelled_expired_ids(s):
+                return []
+            return reap_cancelled_expired(s)
+
+        try:
+            reaped = self.store.once("reap", reap)
+        except Exception as err:
+            self.counters.restore(pending)
+            if not is_transient(err):
+                logger.exception("runner %s: reaping failed", self.config.owner)
+            return []
+        for job_id in reaped:
+            logger.info("job %s cancelled: its runner was gone", job_id)
+        return reaped
 
     def run_next(self, job_id: str | None = None) -> JobOutcome | None:
         """Claim one job (queued, or with an expired lease) and run it to its end."""
-        with store.session_scope(self.sessions) as s:
+
+        def claim(s: Session) -> tuple[str, int] | None:
             row = store.claim_job(
                 s, owner=self.config.owner, lease_seconds=self.config.lease_seconds, job_id=job_id
             )
-            if row is None:
-                return None
-            claimed_id = row.id
-        logger.info("runner %s claimed job %s", self.config.owner, claimed_id)
+            return None if row is None else (row.id, row.attempts)
+
+        claimed = self.store.patient("claim", claim)
+        if claimed is None:
+            return None
+        claimed_id, attempts = claimed
+        if attempts > 1:
+            self.counters.add("job_takeovers")
+        logger.info(
+            "runner %s claimed job %s (attempt %d)", self.config.owner, claimed_id, attempts
+        )
         return self._run(claimed_id)
 
     def _run(self, job_id: str) -> JobOutcome:
         started = time.monotonic()
         stats = JobStats()
+        keeper = LeaseKeeper(
+            self.store,
+            job_id=job_id,
+            owner=self.config.owner,
+            lease_seconds=self.config.lease_seconds,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+            cancel_check_seconds=self.config.cancel_check_seconds,
+        )
+        ledger = StageLedger(
+            self.store,
+            job_id=job_id,
+            owner=self.config.owner,
+            lease_seconds=self.config.lease_seconds,
+        )
+        status, plan, error = JobStatus.done, None, None
         try:
-            plan = self._profile_and_plan(job_id, stats)
+            with keeper:
+                plan = self._profile_and_plan(job_id, stats, keeper, ledger)
+        except WorkerShutdown:
+            self._stop_pool(stats)
+            ledger.abandon()
+            return self._hand_back(job_id, stats, started)
         except JobCancelled as why:
-            stats.wall_seconds = time.monotonic() - started
-            return self._end(job_id, JobStatus.cancelled, None, str(why), stats)
-        except planner.NoFeasiblePlan as why:
-            stats.wall_seconds = time.monotonic() - started
-            return self._end(job_id, JobStatus.failed, None, str(why), stats)
-        except JobFailed as why:
-            stats.wall_seconds = time.monotonic() - started
-            return self._end(job_id, JobStatus.failed, None, str(why), stats)
+            status, error = JobStatus.cancelled, str(why)
+        except (planner.NoFeasiblePlan, JobFailed) as why:
+            status, error = JobStatus.failed, str(why)
         except Exception as err:  # a bug or an infrastructure fault: end the job, say what
             logger.exception("job %s: unexpected error", job_id)
-            stats.wall_seconds = time.monotonic() - started
-            message = f"internal error: {type(err).__name__}: {err}"
-            return self._end(job_id, JobStatus.failed, None, message, stats)
+            status, error = JobStatus.failed, f"internal error: {type(err).__name__}: {err}"
         finally:
-            if self.pool is not None:
-                stats.actors_started = self.pool.config.num_workers + self.pool.actors_replaced
-                stats.actors_replaced = self.pool.actors_replaced
-                self.pool.shutdown()
-                self.pool = None
+            self._stop_pool(stats)
+        if status != JobStatus.done:
+            ledger.abandon()
         stats.wall_seconds = time.monotonic() - started
-        return self._end(job_id, JobStatus.done, plan, None, stats)
+        return self._end(job_id, status, plan, error, stats)
+
+    def _stop_pool(self, stats: JobStats) -> None:
+        if self.pool is not None:
+            stats.actors_started = self.pool.config.num_workers + self.pool.actors_replaced
+            stats.actors_replaced = self.pool.actors_replaced
+            self.pool.shutdown()
+            self.pool = None
+
+    def _hand_back(self, job_id: str, stats: JobStats, started: float) -> JobOutcome:
+        """SIGTERM: the job's lease ends now (another runner takes it over at once), unless
+        cancel was requested: then it ends as cancelled."""
+        stats.wall_seconds = time.monotonic() - started
+
+        def hand_back(s: Session) -> JobStatus:
+            if store.is_cancel_requested(s, job_id=job_id):
+                store.finish_job(
+                    s,
+                    job_id=job_id,
+                    owner=self.config.owner,
+                    status=JobStatus.cancelled,
+                    error="cancelled by request",
+                )
+                return JobStatus.cancelled
+            release_lease(s, job_id=job_id, owner=self.config.owner)
+            release_claims(s, owner=self.config.owner)
+            row = store.get_job(s, job_id=job_id)
+            return JobStatus(row.status) if row else JobStatus.failed
+
+        try:
+            status = self.store.once("hand back", hand_back)
+        except Exception as err:
+            logger.warning(
+                "job %s: could not hand it back (its lease will expire): %s", job_id, err
+            )
+            status = JobStatus.profiling
+        logger.info("job %s handed back (%s): the worker is shutting down", job_id, status.value)
+        return JobOutcome(job_id, status, None, "the worker shut down", stats)
 
     def _end(
         self, job_id: str, status: JobStatus, plan: Plan | None, error: str | None, st: JobStats
     ) -> JobOutcome:
-        with store.session_scope(self.sessions) as s:
+        def end(s: Session) -> JobStatus | None:
             if status == JobStatus.cancelled and not store.is_cancel_requested(s, job_id=job_id):
                 # Lease lost to another runner: the job is theirs now; do not touch it.
-                logger.warning("job %s: %s", job_id, error)
                 row = store.get_job(s, job_id=job_id)
-                current = JobStatus(row.status) if row else JobStatus.failed
-                return JobOutcome(job_id, current, None, error, st)
+                return JobStatus(row.status) if row else JobStatus.failed
             store.finish_job(
                 s, job_id=job_id, owner=self.config.owner, status=status, plan=plan, error=error
             )
+            return None
+
+        current = self.store.patient("end job", end)
+        if current is not None:
+            logger.warning("job %s: %s", job_id, error)
+            return JobOutcome(job_id, current, None, error, st)
         logger.info("job %s ended %s", job_id, status.value)
         return JobOutcome(job_id, status, plan, error, st)
 
     # --- the phases -----------------------------------------------------------------
 
-    def _load(self, job_id: str) -> tuple[str, ModelSpec, ClusterSpec, PlanOptions]:
-        with store.session_scope(self.sessions) as s:
-            row = store.get_job(s, job_id=job_id)
-            assert row is not None
-            cluster = ClusterSpec.model_validate(row.cluster)
-            options = PlanOptions.model_validate(row.options)
-            if row.model_id is not None:
-                try:
-                    spec = store.get_model_spec(s, model_id=row.model_id)
-                except store.OldModelForm as err:
-                    raise JobFailed(str(err)) from err
-                if spec is None:
-                    raise JobFailed(f"model {row.model_id} is not stored")
-                return row.model_id, spec, cluster, options
-            zoo_name, zoo_config = row.zoo_name or "", dict(row.zoo_config or {})
-        if self.build_zoo is None:
-            raise JobFailed("this runner cannot build zoo models")
-        try:
-            spec = self.build_zoo(zoo_name, zoo_config)
-        except (ValueError, TypeError, KeyError) as err:
-            raise JobFailed(f"zoo model {zoo_name!r}: {err}") from err
-        with store.session_scope(self.sessions) as s:
-            model, _ = store.put_model(s, spec=spec)
-            store.set_job_model(s, job_id=job_id, model_id=model.id)
-            return model.id, spec, cluster, options
-
-    def _profile_and_plan(self, job_id: str, stats: JobStats) -> Plan:
+    def _profile_and_plan(
+        self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
+    ) -> Plan:
         from workers.compose import check_programs
         from workers.fingerprint import stage_fingerprint
 
-        model_id, spec, cluster, options = self._load(job_id)
+        model_id, spec, cluster, options = load_job(self.store, keeper, job_id, self.build_zoo)
         try:
             options.check_micro_batch(spec.micro_batch_size)
         except ValueError as err:
             raise JobFailed(f"options.global_batch_size: {err}") from err
-        problems = check_programs(spec)
+        problems = keeper.call("program check", check_programs, spec)
         if problems:
             raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
 
-        space = planner.enumerate_candidates(spec, cluster, options)
+        space = enumerate_space(spec, cluster, options, keeper)
         pool_config = self._pool_config(cluster, space)
 
         def start_pool() -> MeasurePool:
@@ -225,12 +309,14 @@ class JobRunner:
 
         if self._worker_info is None:  # first job of this runner: ask the actors once
             self.pool = start_pool()
-            self._worker_info = self.pool.info()
+            self._worker_info = self.pool.info(keeper.check)
         device_kind = str(self._worker_info["device_kind"])
         jax_version = str(self._worker_info["jax_version"])
 
         candidates = []
-        for key in space.keys:
+        for i, key in enumerate(space.keys):
+            if i % 256 == 0:
+                keeper.check()
             submesh, config = space.resolve(key)
             fp = stage_fingerprint(
                 spec, key.start, key.end, submesh, config, device_kind, jax_version, options
@@ -245,16 +331,21 @@ class JobRunner:
         for c in candidates:
             keys_by_fp.setdefault(c.fingerprint, []).append(c.key)
 
-        with store.session_scope(self.sessions) as s:
+        def reuse(s: Session) -> tuple[list[str], int, Any]:
             store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates)
             pending = store.pending_fingerprints(s, job_id=job_id)
             stored = store.reusable_profiles(s, fingerprints=pending)
             for row in stored.values():
                 store.record_result(s, job_id=job_id, profile=row, reused=True)
             store.refresh_progress(s, job_id=job_id)
-            known = store.job_results(s, job_id=job_id)
-        stats.reused = len(stored)
-        to_measure = [fp for fp in pending if fp not in stored]
+            return (
+                [fp for fp in pending if fp not in stored],
+                len(stored),
+                store.job_results(s, job_id=job_id),
+            )
+
+        to_measure, stats.reused, known = self.store.patient("reuse stored stages", reuse)
+        keeper.check()
         logger.info(
             "job %s: %d candidates, %d distinct, %d reused, %d to measure",
             job_id,
@@ -274,20 +365,25 @@ class JobRunner:
             # Small stages first: they are cheap and bound the big ones, which may then
             # never need measuring. Within a size, larger submeshes first (as Alpa).
             to_measure.sort(key=lambda fp: _measure_order(keys_by_fp[fp], space))
-        self._measure(job_id, to_measure, keys_by_fp, pruner, stats, start_pool)
+        self._measure(job_id, to_measure, keys_by_fp, pruner, stats, start_pool, keeper, ledger)
 
-        with store.session_scope(self.sessions) as s:
+        def to_planning(s: Session) -> Any:
             if not store.set_job_status(
                 s, job_id=job_id, owner=self.config.owner, status=JobStatus.planning
             ):
-                raise JobCancelled("lost the job's lease before planning")
-            results = store.job_results(s, job_id=job_id)
+                return None
+            return store.job_results(s, job_id=job_id)
+
+        results = self.store.patient("start planning", to_planning)
+        if results is None:
+            keeper.check()
+            raise JobCancelled("lost the job's lease before planning")
         failures = Counter(r.status.value for r in results.values() if not r.ok)
         stats.failed = sum(1 for r in results.values() if not r.ok)
         if results and not any(r.ok for r in results.values()):
             summary = ", ".join(f"{n} {status}" for status, n in failures.most_common())
             raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")
-        return planner.build_plan(spec, cluster, options, space, results)
+        return keeper.call("dp", planner.build_plan, spec, cluster, options, space, results)
 
     def _pool_config(self, cluster: ClusterSpec, space: Any) -> PoolConfig:
         largest = max(m.num_devices for m in space.submeshes)
@@ -300,85 +396,11 @@ class JobRunner:
             kill_grace_s=self.config.kill_grace_s,
         )
 
-    def _measure(
-        self,
-        job_id: str,
-        fingerprints: list[str],
-        keys_by_fp: dict[str, list[StageKey]],
-        pruner: planner.StagePruner | None,
-        stats: JobStats,
-        start_pool: Callable[[], MeasurePool],
-    ) -> None:
-        """Submit stages as actors free up (a bounded queue), skipping what cannot matter.
-
-        Actors start at the first stage that needs measuring: a warm re-plan starts none."""
-        queue = deque(fingerprints)
-        last_beat = time.monotonic()
-        while queue or (self.pool is not None and self.pool.busy):
-            skipped: list[str] = []
-            while queue and (
-                self.pool is None or self.pool.in_flight < self.pool.config.num_workers
-            ):
-                fp = queue.popleft()
-                if pruner is not None and pruner.prunable(k.as_tuple() for k in keys_by_fp[fp]):
-                    skipped.append(fp)
-                    continue
-                if self.pool is None:
-                    self.pool = start_pool()
-                self.pool.submit(MeasureTask(fingerprint=fp, key=keys_by_fp[fp][0]))
-            if skipped:
-                self._store_pruned(job_id, skipped, stats)
-            if self.pool is None:
-                continue
-            for result in self.pool.poll(self.config.poll_seconds):
-                self._store_result(job_id, result, stats)
-                if pruner is not None:
-                    pruner.add((k.as_tuple() for k in keys_by_fp[result.fingerprint]), result)
-            if time.monotonic() - last_beat >= self.config.heartbeat_seconds:
-                self._heartbeat(job_id)
-                last_beat = time.monotonic()
-        self._heartbeat(job_id)
-
-    def _store_result(self, job_id: str, result: StageProfileResult, stats: JobStats) -> None:
-        with store.session_scope(self.sessions) as s:
-            row = store.save_profile(s, result=result)
-            store.record_result(s, job_id=job_id, profile=row, reused=False)
-            store.refresh_progress(s, job_id=job_id)
-            job = store.get_job(s, job_id=job_id)
-        stats.measured += 1
-        if self.on_progress is not None:
-            self.on_progress(job, stats)
-
-    def _store_pruned(self, job_id: str, fingerprints: list[str], stats: JobStats) -> None:
-        with store.session_scope(self.sessions) as s:
-            store.mark_pruned(s, job_id=job_id, fingerprints=fingerprints)
-            store.refresh_progress(s, job_id=job_id)
-            job = store.get_job(s, job_id=job_id)
-        stats.pruned += len(fingerprints)
-        if self.on_progress is not None:
-            self.on_progress(job, stats)
-
-    def _heartbeat(self, job_id: str) -> None:
-        with store.session_scope(self.sessions) as s:
-            alive = store.renew_lease(
-                s, job_id=job_id, owner=self.config.owner, lease_seconds=self.config.lease_seconds
-            )
-            cancelled = store.is_cancel_requested(s, job_id=job_id)
-        if alive:
-            return
-        if self.pool is not None:
-            self.pool.stop_all()
-        raise JobCancelled("cancelled by request" if cancelled else "lost the job's lease")
-
 
 def _measure_order(keys: list[StageKey], space: Any) -> tuple[int, int]:
     """Fewest layers first, then most devices."""
     key = keys[0]
     return (key.end - key.start, -space.submeshes[key.submesh_id].num_devices)
-
-
-class JobFailed(Exception):
-    """The job cannot produce a plan; the message says why."""
 
 
 class _FailureFactory:

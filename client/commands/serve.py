@@ -2,6 +2,8 @@
 
 import argparse
 import os
+import tempfile
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,6 +39,8 @@ def _serve(args: argparse.Namespace) -> int:
         from migrations import upgrade
 
         upgrade(database_url())
+    if args.workers > 1:
+        _multiprocess_metrics_dir()
     uvicorn.run(
         "server.app:create_app",
         factory=True,
@@ -46,3 +50,19 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
     )
     return 0
+
+
+def _multiprocess_metrics_dir() -> None:
+    """Worker processes count requests in Prometheus multiprocess files so that `/metrics`
+    of any one shows them all: `PROMETHEUS_MULTIPROC_DIR` (emptied of the files of an
+    earlier run), or a fresh temporary directory when unset."""
+    from server.metrics import MULTIPROC_DIR_ENV
+
+    given = os.environ.get(MULTIPROC_DIR_ENV, "").strip()
+    if not given:
+        os.environ[MULTIPROC_DIR_ENV] = tempfile.mkdtemp(prefix="stageprof-metrics-")
+        return
+    path = Path(given)
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("*.db"):
+        old.unlink()

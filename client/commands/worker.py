@@ -67,28 +67,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run jobs until SIGTERM/SIGINT. A database outage is waited out (the process never
+    exits for it); on a signal the current job is handed back within seconds."""
+    import ray
+
     from client import zoo
     from migrations import upgrade
     from store import database_url, make_engine, make_sessionmaker
     from workers.ray_env import connect_ray
     from workers.runner import JobRunner
 
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.INFO)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     url = args.database_url or database_url()
     if url.startswith("sqlite"):
         upgrade(url)
     sessions = make_sessionmaker(make_engine(url))
     connect_ray()
     runner = JobRunner(
-        sessions, runner_config(args), build_zoo=lambda name, cfg: zoo.build(name, **cfg)
+        sessions,
+        runner_config(args),
+        build_zoo=lambda name, cfg: zoo.build(name, **cfg),
+        shutdown=stop,
     )
     logger.info("worker %s waiting for jobs", runner.config.owner)
-    if args.once:
-        outcome = runner.run_next()
-        print(f"job {outcome.job_id}: {outcome.status.value}" if outcome else "no job queued")
+    try:
+        if args.once:
+            outcome = runner.run_next()
+            print(f"job {outcome.job_id}: {outcome.status.value}" if outcome else "no job queued")
+            return 0
+        runner.run_forever(stop, idle_sleep_s=args.idle_sleep)
+        logger.info("worker %s stopped", runner.config.owner)
         return 0
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    runner.run_forever(stop, idle_sleep_s=args.idle_sleep)
-    return 0
+    finally:
+        ray.shutdown()

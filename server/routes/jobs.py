@@ -2,19 +2,41 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from sqlalchemy.orm import Session
 
 from schemas import Job, JobStatus, Plan
 from server.api_models import CostMatricesOut, CostMatrixOut, JobList, error_responses
 from server.deps import SessionDep
 from server.errors import Conflict, NotFound
-from store import JobRow, ModelRow, get_job, job_plan, job_to_schema, list_jobs, request_cancel
+from store import (
+    JobRow,
+    ModelRow,
+    get_job,
+    job_plan,
+    job_to_schema,
+    list_jobs,
+    request_cancel,
+    session_scope,
+)
+from store.jobs import cancelled_expired_ids, reap_cancelled_expired
 from store.queries import CostMatrix, cost_matrices, job_num_layers
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_JOBS_PAGE = 200
+
+
+def settle_cancelled(request: Request, job_id: str | None = None) -> list[str]:
+    """End as `cancelled` the jobs (or `job_id`) whose cancel was asked and whose runner is
+    gone (lease expired), so that a read never shows such a job running. A read-only look
+    first; the write, in a short transaction of its own, only when there is one."""
+    sessions = request.app.state.sessionmaker
+    with session_scope(sessions, write=False) as s:
+        if not cancelled_expired_ids(s, job_id=job_id):
+            return []
+    with session_scope(sessions) as s:
+        return reap_cancelled_expired(s, job_id=job_id)
 
 
 def _job_row(session: Session, job_id: str) -> JobRow:
@@ -26,6 +48,7 @@ def _job_row(session: Session, job_id: str) -> JobRow:
 
 @router.get("", response_model=JobList, summary="List jobs, newest first")
 def read_jobs(
+    request: Request,
     session: SessionDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_JOBS_PAGE)] = 50,
@@ -33,6 +56,7 @@ def read_jobs(
         str | None, Query(max_length=64, description="A job id to page after.")
     ] = None,
 ) -> JobList:
+    settle_cancelled(request)
     rows = list_jobs(session, status=status, limit=limit + 1, before=before)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -48,7 +72,9 @@ def read_jobs(
     responses=error_responses(404),
     summary="A job: status, progress, timings, error",
 )
-def read_job(job_id: str, session: SessionDep) -> Job:
+def read_job(job_id: str, request: Request, session: SessionDep) -> Job:
+    """A cancelled job whose runner is gone reads as `cancelled` once its lease expired."""
+    settle_cancelled(request, job_id)
     return job_to_schema(session, _job_row(session, job_id))
 
 

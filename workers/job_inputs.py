@@ -1,0 +1,82 @@
+"""A job's inputs: its model (a zoo model is built here), cluster and options, and its
+candidate space, refused when over the candidate cap before anything is enumerated."""
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+import planner
+import store
+from schemas import ClusterSpec, ModelSpec, PlanOptions
+from schemas.candidate_count import count_candidates
+from schemas.limits import max_candidates
+from workers.heartbeat import LeaseKeeper
+from workers.retry import StoreRetry
+
+ZooBuilder = Callable[[str, dict[str, Any]], ModelSpec]
+
+
+class JobFailed(Exception):
+    """The job cannot produce a plan; the message says why."""
+
+
+def load_job(
+    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, build_zoo: ZooBuilder | None
+) -> tuple[str, ModelSpec, ClusterSpec, PlanOptions]:
+    """The job's model (a zoo model is built and stored here), cluster and options."""
+
+    def read(s: Session) -> tuple[Any, ...]:
+        row = store.get_job(s, job_id=job_id)
+        assert row is not None
+        cluster = ClusterSpec.model_validate(row.cluster)
+        options = PlanOptions.model_validate(row.options)
+        if row.model_id is None:
+            return None, None, cluster, options, row.zoo_name or "", dict(row.zoo_config or {})
+        try:
+            spec = store.get_model_spec(s, model_id=row.model_id)
+        except store.OldModelForm as err:
+            raise JobFailed(str(err)) from err
+        if spec is None:
+            raise JobFailed(f"model {row.model_id} is not stored")
+        return row.model_id, spec, cluster, options, "", {}
+
+    model_id, spec, cluster, options, zoo_name, zoo_config = retry.patient(
+        "load job", read, write=False
+    )
+    if spec is not None:
+        return model_id, spec, cluster, options
+    if build_zoo is None:
+        raise JobFailed("this runner cannot build zoo models")
+    try:
+        spec = keeper.call("zoo build", build_zoo, zoo_name, zoo_config)
+    except (ValueError, TypeError, KeyError) as err:
+        raise JobFailed(f"zoo model {zoo_name!r}: {err}") from err
+
+    def save(s: Session) -> str:
+        model, _ = store.put_model(s, spec=spec)
+        store.set_job_model(s, job_id=job_id, model_id=model.id)
+        return model.id
+
+    return retry.patient("store zoo model", save), spec, cluster, options
+
+
+def enumerate_space(
+    spec: ModelSpec, cluster: ClusterSpec, options: PlanOptions, keeper: LeaseKeeper
+) -> planner.CandidateSpace:
+    """The candidate space, refused when over `STAGEPROF_MAX_CANDIDATES` (counted in
+    closed form first: a huge model is never enumerated)."""
+    cap = max_candidates()
+    count = count_candidates(
+        spec.num_layers, cluster, options, spec.micro_batch_size, [x.flops for x in spec.layers]
+    )
+    if count.total > cap:
+        raise JobFailed(
+            f"{count.total} stage candidates, over the cap of {cap} (STAGEPROF_MAX_CANDIDATES)"
+        )
+    space = keeper.call("enumeration", planner.enumerate_candidates, spec, cluster, options)
+    if len(space.keys) > cap:
+        raise JobFailed(
+            f"{len(space.keys)} stage candidates, over the cap of {cap} (STAGEPROF_MAX_CANDIDATES)"
+        )
+    return space
