@@ -9,6 +9,7 @@ from collections.abc import Sequence
 # Each module defines `register(subparsers)`; it sets `func(args) -> int` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "client.commands.db",
+    "client.commands.gate",
     "client.commands.plan",
     "client.commands.profile",
     "client.commands.serve",

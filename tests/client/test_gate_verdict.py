@@ -81,10 +81,10 @@ def measured(
     """Today's measurement of `st`: its own figures unless overridden (peak, params, stash,
     flops, max_succ), or a failure status."""
     peak = figures.get("peak", st.peak_memory)
-    modules = (
+    modules = tuple(
         ModuleProfileResult(
-            module=ModuleKind.forward,
-            compute_cost=st.forward_cost,
+            module=kind,
+            compute_cost=cost,
             peak_memory=peak,
             temp_buffer_size=0,
             invar_names=(),
@@ -93,7 +93,11 @@ def measured(
             outvar_sizes=(),
             donated_invars=(),
             available_memory=DEVICE,
-        ),
+        )
+        for kind, cost in [
+            (ModuleKind.forward, st.forward_cost),
+            (ModuleKind.backward, st.backward_cost),
+        ]
     )
     ok = status == ProfileStatus.ok
     return Remeasured(
@@ -300,7 +304,5 @@ def test_fit_is_alpas_rule_at_the_boundary(max_succ: int, fits: bool) -> None:
     """Stage 0 of two has one stage after it: it fits while max_n_succ_stages >= 1."""
     today = plan_of([stage(0, 1, max_succ=max_succ), stage(2, 3, max_succ=0)])
     v = decide(today, today, same_as(today), TOL, device_memory_bytes=DEVICE)
-    assert by_name(v)["stage 0 fits memory"].outcome == (
-        Outcome.passed if fits else Outcome.failed
-    )
+    assert by_name(v)["stage 0 fits memory"].outcome == (Outcome.passed if fits else Outcome.failed)
     assert by_name(v)["stage 1 fits memory"].outcome == Outcome.passed  # the last stage

@@ -1,0 +1,108 @@
+"""Today's job on a stageprof server (`--server URL`): submit, wait, read the plan and the
+profile table rows of the baseline's stages. Any transport or API error is a GateError."""
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+from client.gate.recost import remeasure
+from client.gate.source import GateError, TodayRun
+from client.sdk import ApiError, StageprofClient
+from schemas import Job, PlannedStage, PlanRequest, StageProfileResult
+
+POLL_S = 1.0
+MAX_PAGE = 1000
+
+
+class ApiProfiles:
+    """The job's profile table through the API (see recost.ProfileSource)."""
+
+    def __init__(self, api: StageprofClient) -> None:
+        self.api = api
+
+    def candidates(self, job_id: str, stage: PlannedStage) -> list[dict[str, Any]]:
+        page = self.api.list_profiles(
+            sort="start",
+            limit=MAX_PAGE,
+            job_id=job_id,
+            start_min=stage.start,
+            end_max=stage.end,
+            submesh_id=stage.submesh_id,
+            config_id=stage.config_id,
+        )
+        return page.items
+
+    def result(self, fingerprint: str) -> StageProfileResult | None:
+        return self.api.get_profile(fingerprint)
+
+
+def run_remote(
+    server: str,
+    token: str | None,
+    request: PlanRequest,
+    baseline_stages: Sequence[PlannedStage],
+    *,
+    wait_timeout_s: float,
+    say: Callable[[str], None],
+) -> TodayRun:
+    """Run today's job on `server`; `say` shows progress lines."""
+    started = time.monotonic()
+    try:
+        with StageprofClient(server, token=token) as api:
+            job_id = api.submit_plan(request).job_id
+            say(f"job {job_id} queued at {server}")
+            job = _wait(api, job_id, wait_timeout_s, say)
+            plan = api.get_plan(job_id) if job.has_plan else None
+            remeasured = remeasure(ApiProfiles(api), job_id, baseline_stages)
+    except httpx.TransportError as err:
+        raise GateError(f"cannot reach the server at {server}: {_one_line(err)}") from err
+    except ApiError as err:
+        raise GateError(f"the server at {server} answered {_one_line(err)}") from err
+    error = None if plan is not None else f"job {job_id} {job.status.value}: {job.error}"
+    return TodayRun(
+        job_id=job_id,
+        plan=plan,
+        error=error,
+        stats=_stats(job, time.monotonic() - started),
+        remeasured=remeasured,
+    )
+
+
+def _wait(api: StageprofClient, job_id: str, timeout_s: float, say: Callable[[str], None]) -> Job:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        job = api.get_job(job_id)
+        p = job.progress
+        line = f"job {job_id} {job.status.value}: {p.done}/{p.total} candidates"
+        if line != last:
+            say(line)
+            last = line
+        if job.status.finished:
+            return job
+        if time.monotonic() >= deadline:
+            raise GateError(
+                f"job {job_id} is still {job.status.value} after {timeout_s:g} s "
+                f"({p.done}/{p.total} candidates); raise --wait-timeout"
+            )
+        time.sleep(POLL_S)
+
+
+def _stats(job: Job, wall_s: float) -> dict[str, Any]:
+    p = job.progress
+    return {
+        "candidates": p.total,
+        "distinct_stages": p.distinct_stages,
+        "measured": p.measured,
+        "reused": p.distinct_stages - p.measured - p.pruned,
+        "pruned": p.pruned,
+        "failed": p.failed,
+        "wall_seconds": round(wall_s, 3),
+    }
+
+
+def _one_line(err: Exception) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,188 @@
+"""`stageprof gate` through `client.cli.main`: its flags are `stageprof plan`'s plus its own,
+and everything that leaves it undecided exits 2 with one line on stderr and reports that say
+so. (Exit 0 and 1 on real jobs: tests/e2e/test_gate.py.)"""
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import xmlschema
+
+from client.cli import build_parser, main
+from client.commands.gate import fraction
+from client.gate.source import GateError, load_entry
+from schemas import ModelSpec
+from tests.client.test_gate_verdict import BASE
+from tests.e2e.stack import free_port
+
+XSD = Path(__file__).parent / "data" / "junit.xsd"
+TINY = ["--zoo", "mlp", "--set", "preset=tiny", "--devices-per-host", "2"]
+
+
+def subparser(name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings}
+
+
+@pytest.fixture
+def baseline(tmp_path: Path) -> Path:
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"job_id": "j", "plan": BASE.model_dump(mode="json")}))
+    return path
+
+
+def test_gate_takes_every_flag_of_plan_and_its_own() -> None:
+    plan, gate = options(subparser("plan")), options(subparser("gate"))
+    assert plan <= gate
+    assert gate - plan == {
+        "--entry",
+        "--baseline",
+        "--write-baseline",
+        "--max-slowdown",
+        "--max-growth",
+        "--junit",
+        "--markdown",
+        "--prune",
+        "--wait-timeout",
+    }
+    args = build_parser().parse_args(["gate", "--baseline", "b.json"])
+    assert args.zoo is None  # a gate names its model; plan's default (gpt) is not taken
+    assert (args.max_slowdown, args.max_growth) == (0.05, 0.02)
+
+
+def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["gate", "--help"])
+    out = capsys.readouterr().out
+    for line in ("0  pass", "1  regression", "2  could not decide"):
+        assert line in out
+
+
+@pytest.mark.parametrize(("text", "value"), [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125)])
+def test_tolerances_take_percentages_or_fractions(text: str, value: float) -> None:
+    assert fraction(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["five", "-1%", "nan"])
+def test_bad_tolerances_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        fraction(text)
+
+
+def one_stderr_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_a_stopped_server_exits_2_with_one_line_and_reports_it(
+    tmp_path: Path, baseline: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = f"http://127.0.0.1:{free_port()}"
+    junit, summary = tmp_path / "gate.xml", tmp_path / "summary.md"
+    code = main(
+        [
+            "gate",
+            *TINY,
+            *("--server", server, "--baseline", str(baseline)),
+            *("--junit", str(junit), "--markdown", str(summary), "--json"),
+        ]
+    )
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, captured.err
+    line = captured.err.strip()
+    assert line.startswith(f"stageprof gate: cannot reach the server at {server}: ")
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert out["verdict"] == "undecided" and out["exit_code"] == 2 and out["plan"] is None
+    xmlschema.XMLSchema(str(XSD)).validate(str(junit))
+    error = ET.parse(junit).getroot().find("testsuite/testcase/error")
+    assert error is not None and "cannot reach the server" in (error.get("message") or "")
+    assert summary.read_text().startswith("## stageprof gate: ⚠️ could not decide")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--baseline", "{missing}"], "cannot read baseline"),
+        (["--baseline", "{garbage}"], "holds no JSON object"),
+        ([], "give --baseline FILE to compare with, or --write-baseline FILE"),
+        (["--baseline", "{baseline}", "--micro-batches", "0"], "num_microbatches"),
+        (["--baseline", "{baseline}", "--set", "oops"], "--set expects K=V"),
+    ],
+)
+def test_bad_input_exits_2_before_any_job(
+    tmp_path: Path,
+    baseline: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("<html>")
+    paths = {"missing": tmp_path / "nope.json", "garbage": garbage, "baseline": baseline}
+    argv = [a.format(**{k: str(v) for k, v in paths.items()}) for a in argv]
+    # An unreachable server: nothing may be submitted before the input is checked.
+    server = f"http://127.0.0.1:{free_port()}"
+    assert main(["gate", *TINY, "--server", server, *argv]) == 2
+    line = one_stderr_line(capsys)
+    assert line.startswith("stageprof gate: ") and message in line
+    assert "cannot reach" not in line
+
+
+def test_a_model_must_be_named_once(
+    baseline: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["gate", "--baseline", str(baseline)]) == 2
+    assert "give exactly one of --zoo, --model, --entry (got none)" in one_stderr_line(capsys)
+    argv = ["gate", "--zoo", "mlp", "--entry", "m:f", "--baseline", str(baseline)]
+    assert main(argv) == 2
+    assert "(got --zoo, --entry)" in one_stderr_line(capsys)
+
+
+def write_module(tmp_path: Path, body: str) -> None:
+    (tmp_path / "gate_entry_mod.py").write_text(body)
+
+
+def test_an_entry_point_returns_a_traced_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_module(
+        tmp_path,
+        "from client import zoo\n\ndef build():\n    return zoo.build('mlp', preset='tiny')\n",
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = load_entry("gate_entry_mod:build")
+    assert isinstance(spec, ModelSpec) and spec.num_layers == 2
+
+
+@pytest.mark.parametrize(
+    ("ref", "body", "message"),
+    [
+        ("nocolon", "", "expects module:function"),
+        ("gate_entry_mod:missing", "x = 1\n", "AttributeError"),
+        ("gate_entry_mod:x", "x = 1\n", "is not a function"),
+        ("gate_entry_mod:f", "def f():\n    return {'layers': []}\n", "returned dict, not a"),
+        ("gate_entry_mod:f", "def f():\n    raise RuntimeError('boom\\nmore')\n", "boom"),
+        ("no_such_module_here:f", "", "ModuleNotFoundError"),
+    ],
+)
+def test_a_bad_entry_point_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ref: str, body: str, message: str
+) -> None:
+    write_module(tmp_path, body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "gate_entry_mod", raising=False)
+    with pytest.raises(GateError, match=message) as err:
+        load_entry(ref)
+    assert "\n" not in str(err.value)
