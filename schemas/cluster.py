@@ -5,6 +5,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from schemas.base import Frozen
+from schemas.limits import MAX_DEVICE_MEMORY_BYTES, MIN_DEVICE_MEMORY_BYTES
 
 StrategyName = Literal["data", "megatron", "fsdp"]
 
@@ -64,6 +65,18 @@ class ClusterSpec(Frozen):
     @property
     def num_devices(self) -> int:
         return self.num_hosts * self.devices_per_host
+
+
+class RequestedCluster(ClusterSpec):
+    """The cluster of a plan request: a `ClusterSpec` whose device memory lies within the
+    bounds the service accepts (a stored job's cluster is read back as a `ClusterSpec`)."""
+
+    device_memory_bytes: int = Field(
+        16 * 2**30,
+        ge=MIN_DEVICE_MEMORY_BYTES,
+        le=MAX_DEVICE_MEMORY_BYTES,
+        description="Memory of one device, in bytes: 1 MiB (2**20) to 16 TiB (2**44).",
+    )
 
 
 class SubmeshShape(Frozen):
