@@ -121,6 +121,7 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
     if not console.is_terminal:
         console.width = max(console.width, 120)
     started = time.monotonic()
+    console.print("connecting to Ray and loading the model", highlight=False)
     connect_ray()  # before jax is imported: Ray forks its processes
     try:
         spec = load_model(args)

@@ -1,13 +1,16 @@
 """What `stageprof plan` shows: a live progress bar, the plan beside its baselines, a report."""
 
+import io
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -17,9 +20,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from schemas import ModelSpec, Plan
 from schemas.plan import percent, stage_layout
+from schemas.profile import MAX_SUCC_STAGES
 
 MIB = 2**20
 STABILITY_STYLES = {"stable": "green", "within_noise": "yellow", "unique": "cyan"}
@@ -27,6 +32,71 @@ STABILITY_STYLES = {"stable": "green", "within_noise": "yellow", "unique": "cyan
 
 @contextmanager
 def progress_bar(console: Console) -> Iterator[Callable[[Any, Any], None]]:
+    """Progress of a local job: a rich bar on a terminal, else plain lines (`plain_progress`)."""
+    if not console.is_terminal:
+        with plain_progress(console.file) as update:
+            yield update
+        return
+    with _rich_progress(console) as update:
+        yield update
+
+
+def progress_line(job: Any, elapsed_s: float) -> str:
+    """One line of progress from a job row or `Job.progress`-like object (None: starting)."""
+    if job is None:
+        return f"starting: workers and the model's stages ({elapsed_s:.0f}s)"
+    status = getattr(job, "status", None)
+    phase = getattr(status, "value", status) or "profiling"
+    total, done = job.total, job.done
+    eta = ""
+    if 0 < done < total:
+        eta = f", ETA {elapsed_s / done * (total - done):.0f}s"
+    return (
+        f"{phase}: {done}/{total} candidates done (measured {job.measured}, reused "
+        f"{job.cached}, pruned {job.pruned}, failed {job.failed}), {elapsed_s:.0f}s elapsed{eta}"
+    )
+
+
+@contextmanager
+def plain_progress(
+    stream: IO[str], interval_s: float = 10.0
+) -> Iterator[Callable[[Any, Any], None]]:
+    """Plain progress lines for logs and CI: one line now, one whenever the phase changes,
+    and one at least every `interval_s` seconds while nothing else is printed."""
+    started = time.monotonic()
+    state: dict[str, Any] = {"job": None, "phase": None}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def emit() -> None:
+        with lock:
+            stream.write(progress_line(state["job"], time.monotonic() - started) + "\n")
+            stream.flush()
+
+    def update(job: Any, _stats: Any) -> None:
+        phase = getattr(job, "status", None)
+        changed = phase != state["phase"]
+        state["job"], state["phase"] = job, phase
+        if changed:
+            emit()
+
+    def tick() -> None:
+        while not stop.wait(interval_s):
+            emit()
+
+    emit()
+    thread = threading.Thread(target=tick, name="stageprof-progress", daemon=True)
+    thread.start()
+    try:
+        yield update
+    finally:
+        stop.set()
+        thread.join()
+        emit()
+
+
+@contextmanager
+def _rich_progress(console: Console) -> Iterator[Callable[[Any, Any], None]]:
     """A rich progress bar over candidates: done (reused, failed) and ETA."""
     progress = Progress(
         TextColumn("[bold]profiling"),
@@ -64,36 +134,90 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"
 
 
+def succ_text(n: int) -> str:
+    """`max_n_succ_stages` for people: `-1` is infeasible, the clamp 2**20 means no limit."""
+    if n >= MAX_SUCC_STAGES:
+        return "no limit"
+    return "infeasible" if n < 0 else str(n)
+
+
+def _stage_rows(plan: Plan) -> list[dict[str, str]]:
+    rows = []
+    for i, st in enumerate(plan.stages):
+        names = st.layer_names
+        rows.append(
+            {
+                "stage": str(i),
+                "layers": f"{st.start}-{st.end}" + (f" ({names[0]}..{names[-1]})" if names else ""),
+                "submesh": f"{st.submesh.hosts}x{st.submesh.devices_per_host}",
+                "logical mesh": "x".join(map(str, st.config.logical_mesh)),
+                "strategy": st.config.strategy,
+                "cost ms": _ms(st.compute_cost),
+                "fwd ms": _ms(st.forward_cost),
+                "bwd ms": _ms(st.backward_cost),
+                "peak MiB": f"{st.peak_memory / MIB:.1f}",
+                "stash MiB": f"{st.intermediate_size / MIB:.2f}",
+                "params MiB": f"{st.initial_var_size / MIB:.1f}",
+                "max succ": succ_text(st.max_n_succ_stages),
+            }
+        )
+    return rows
+
+
+_TEXT_COLUMNS = ("stage", "layers", "submesh", "logical mesh", "strategy")
+
+
+def stage_table(plan: Plan, title: str, width: int) -> Table | Group:
+    """The plan's stages as a table when it fits `width` columns (dropping the optional
+    columns first), else as one block of lines per stage; numbers are never cut."""
+    rows = _stage_rows(plan)
+    optional = ["fwd ms", "bwd ms", "params MiB", "max succ"]
+    core = ["cost ms", "peak MiB", "stash MiB"]
+    for dropped in range(len(optional) + 1):
+        numbers = core + optional[: len(optional) - dropped]
+        table = Table(title=title, title_justify="left", expand=False)
+        for col in _TEXT_COLUMNS:
+            table.add_column(col, no_wrap=col != "layers", overflow="fold")
+        for col in numbers:
+            table.add_column(col, justify="right", no_wrap=True)
+        for row in rows:
+            table.add_row(*(row[c] for c in [*_TEXT_COLUMNS, *numbers]))
+        if _natural_width(table) <= width:
+            return table
+    lines: list[Text] = [Text(title, style="italic")]
+    for row in rows:
+        lines.append(
+            Text(
+                f"stage {row['stage']}: layers {row['layers']}, submesh {row['submesh']}, "
+                f"mesh {row['logical mesh']} {row['strategy']}",
+                style="bold",
+            )
+        )
+        lines.append(
+            Text(
+                f"  cost {row['cost ms']} ms (fwd {row['fwd ms']}, bwd {row['bwd ms']}); "
+                f"peak {row['peak MiB']} MiB; stash {row['stash MiB']} MiB; "
+                f"params {row['params MiB']} MiB; max succ {row['max succ']}"
+            )
+        )
+    return Group(*lines)
+
+
+def _natural_width(table: Table) -> int:
+    wide = Console(width=10_000, file=io.StringIO())
+    return wide.measure(table).maximum
+
+
 def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, Any]) -> None:
     """The stages table, the predicted time beside the runner-up and each baseline, whether
     the plan is stable against the measured spread, and what it cost."""
-    table = Table(title=f"pipeline plan for {spec.name}", title_justify="left")
-    for col in ("stage", "layers", "submesh", "logical mesh", "strategy"):
-        table.add_column(col)
-    for col in ("fwd ms", "bwd ms", "peak MiB", "params MiB", "max succ"):
-        table.add_column(col, justify="right")
-    for i, st in enumerate(plan.stages):
-        names = st.layer_names
-        layers = f"{st.start}-{st.end}" + (f" ({names[0]}..{names[-1]})" if names else "")
-        table.add_row(
-            str(i),
-            layers,
-            str(st.submesh),
-            "x".join(map(str, st.config.logical_mesh)),
-            st.config.strategy,
-            _ms(st.forward_cost),
-            _ms(st.backward_cost),
-            f"{st.peak_memory / MIB:.1f}",
-            f"{st.initial_var_size / MIB:.1f}",
-            str(st.max_n_succ_stages),
-        )
-    console.print(table)
+    console.print(stage_table(plan, f"pipeline plan for {spec.name}", console.width))
 
     compare = Table(title="predicted iteration time", title_justify="left")
-    compare.add_column("plan")
-    compare.add_column("iteration ms", justify="right")
-    compare.add_column("vs stageprof", justify="right")
-    compare.add_column("note")
+    compare.add_column("plan", overflow="fold")
+    compare.add_column("iteration ms", justify="right", no_wrap=True)
+    compare.add_column("vs stageprof", justify="right", no_wrap=True)
+    compare.add_column("note", overflow="fold")
     ours = plan.predicted_iteration_time_s
     compare.add_row("stageprof DP", _ms(ours), "1.00x", f"bubble {plan.bubble_fraction:.0%}")
     runner = plan.runner_up

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from client.commands.measure_args import add_measurement_arguments, measurement_options
+from client.commands.plan_output import succ_text
 from client.commands.zoo_args import (
     add_model_arguments,
     load_model,
@@ -188,7 +189,7 @@ def print_result(result: StageProfileResult, layer_names: list[str]) -> None:
         ("initial_var_size", human_bytes(result.initial_var_size)),
         ("intermediate_size", human_bytes(result.intermediate_size)),
         ("available_memory", human_bytes(result.available_memory)),
-        ("max_n_succ_stages", str(result.max_n_succ_stages)),
+        ("max_n_succ_stages", succ_text(result.max_n_succ_stages)),
         ("flops (fwd+bwd)", f"{result.flops / 1e6:.3f} MFLOP"),
         ("compile_seconds", f"{result.compile_seconds:.2f}"),
         ("device", f"{result.device_kind}, jax {result.jax_version}"),

@@ -33,7 +33,7 @@
           cell(r.num_devices, "num"), cell(r.strategy), status,
           cell(SP.fmtSeconds(r.compute_cost), "num strong"), cell(SP.fmtSeconds(r.forward_cost), "num"),
           cell(SP.fmtSeconds(r.backward_cost), "num"), cell(SP.fmtBytes(r.peak_memory), "num"),
-          cell(r.max_n_succ_stages === null ? "–" : r.max_n_succ_stages, "num"),
+          cell(r.max_n_succ_stages === null ? "–" : r.max_n_succ_stages >= 1048576 ? "no limit" : r.max_n_succ_stages, "num"),
           cell(r.status === null ? "–" : r.reused ? "yes" : "no"), fp,
         ]);
       }

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,32 @@ def test_plan_refuses_bad_input_with_a_clear_message(tmp_path: Path) -> None:
     bad = _plan(tmp_path, "--set", "num_layerz=2")
     assert bad.returncode == 2 and "num_layerz" in bad.stderr
     assert not (tmp_path / "plan.db").exists() or "Traceback" not in bad.stderr
+
+
+def test_plan_through_a_pipe_prints_a_line_at_least_every_10_s(tmp_path: Path) -> None:
+    env = dict(os.environ, STAGEPROF_DATABASE_URL=f"sqlite:///{tmp_path / 'plan.db'}")
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "client.cli", "plan", "--zoo", "gpt", *TINY, *FAST]
+    started = time.monotonic()
+    stamps: list[tuple[float, str]] = []
+    with subprocess.Popen(
+        [*cmd, "--hosts", "1", "--devices-per-host", "2"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            stamps.append((time.monotonic() - started, line.rstrip()))
+        assert proc.wait(timeout=900) == 0, "\n".join(s for _, s in stamps[-30:])
+    times = [t for t, _ in stamps]
+    assert times[0] < 10, stamps[:3]
+    progress = [(t, s) for t, s in stamps if s.startswith(("starting:", "profiling:", "planning:"))]
+    assert progress and any("candidates done" in s for _, s in progress)
+    end_of_progress = progress[-1][0]
+    during = [t for t in times if t <= end_of_progress]
+    gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
+    assert max(gaps, default=0) < 12, list(zip(during, gaps, strict=False))
+    assert not any("\x1b[" in s for _, s in stamps)

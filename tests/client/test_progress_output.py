@@ -1,0 +1,37 @@
+"""Progress without a terminal: plain lines, one at least every interval, with the counts."""
+
+import io
+import time
+from types import SimpleNamespace
+
+from client.commands.plan_output import plain_progress, progress_line
+
+
+def _job(status: str, total: int, done: int, **counts: int) -> SimpleNamespace:
+    base = {"measured": 0, "cached": 0, "pruned": 0, "failed": 0}
+    return SimpleNamespace(status=status, total=total, done=done, **(base | counts))
+
+
+def test_progress_line_has_phase_counts_elapsed_and_eta() -> None:
+    line = progress_line(_job("profiling", 40, 10, measured=6, cached=2, pruned=1, failed=1), 20)
+    assert line.startswith("profiling: 10/40 candidates done")
+    assert "measured 6" in line and "reused 2" in line and "pruned 1" in line
+    assert "failed 1" in line and "20s elapsed" in line and "ETA 60s" in line
+    assert "ETA" not in progress_line(_job("planning", 40, 40), 5)
+    assert progress_line(None, 3).startswith("starting")
+
+
+def test_plain_progress_prints_on_phase_change_and_on_a_timer() -> None:
+    stream = io.StringIO()
+    with plain_progress(stream, interval_s=0.2) as update:
+        update(_job("profiling", 4, 1), None)
+        update(_job("profiling", 4, 2), None)  # same phase: no line of its own
+        time.sleep(0.5)  # the timer prints while nothing else happens
+        update(_job("planning", 4, 4), None)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("starting")
+    assert lines[1].startswith("profiling: 1/4")
+    timed = [ln for ln in lines if ln.startswith("profiling: 2/4")]
+    assert len(timed) >= 2
+    assert lines[-2].startswith("planning: 4/4") and lines[-1].startswith("planning: 4/4")
+    assert "\x1b[" not in stream.getvalue()
