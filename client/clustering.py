@@ -77,7 +77,10 @@ def cluster_segments(
         if bounds is not None:
             log.debug("clustered %d equations into %d layers at eps=%s", n, num_layers, eps)
             return [(f"layer{k}", lo, hi) for k, (lo, hi) in enumerate(bounds)]
-    raise ValueError(f"no cut into {num_layers} layers passes only supported dtypes")
+    raise ValueError(
+        f"no cut into {num_layers} layers exists (each layer needs FLOPs; cuts must pass only "
+        "supported dtypes and, in a model of modules, fall between them); ask for fewer"
+    )
 
 
 def _solve(

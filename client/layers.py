@@ -8,6 +8,8 @@ from typing import Any
 import jax
 from jax.extend import core
 
+from client.scopes import Level, level_segments, scope_paths
+
 _INVALID = re.compile(r"[^A-Za-z0-9_.:/\-\[\]]")
 
 
@@ -42,25 +44,9 @@ def scope_segments(eqns: Sequence[Any]) -> list[tuple[str, int, int]]:
 
     Unscoped equations join the run before them (or the first run when they lead). A scope
     name that comes back after another scope starts a new layer named `name.1`, `name.2`, …
+    (`client.scopes` cuts at deeper levels too.)
     """
-    segments: list[tuple[str, int, int]] = []
-    current: str | None = None
-    seen: dict[str, int] = {}
-    for i, eqn in enumerate(eqns):
-        scope = top_scope(eqn)
-        if scope is None or scope == current:
-            continue
-        current = scope
-        start = i if segments else 0
-        if segments:
-            name, lo, _ = segments[-1]
-            segments[-1] = (name, lo, i)
-        count = seen.get(scope, 0)
-        seen[scope] = count + 1
-        segments.append((scope if count == 0 else f"{scope}.{count}", start, len(eqns)))
-    if not segments:
-        return [("layer0", 0, len(eqns))]
-    return segments
+    return level_segments(scope_paths(eqns), Level(1))
 
 
 def _has_scopes(jaxpr: Any) -> bool:

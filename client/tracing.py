@@ -12,8 +12,10 @@ from jax.extend import core
 from client.clustering import cluster_segments, cut_bytes
 from client.export import LayerPrograms, export_layer, layer_text, slice_jaxpr
 from client.fingerprint import export_key
+from client.flax_scopes import module_scopes
 from client.flops import eqn_flops
-from client.layers import clean_name, inline_scoped_calls, scope_segments
+from client.layers import clean_name, inline_scoped_calls
+from client.scopes import choose_level, inside_scopes, level_segments, scope_paths, stacked_scan
 from programs import layer_fingerprint
 from schemas import DTYPE_BYTES, FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
 
@@ -71,13 +73,28 @@ def trace(
     layers: int | None = None,
     name: str = "model",
     logical_axes: LogicalAxes | None = None,
+    scopes: str | int | None = None,
 ) -> ModelSpec:
     """Trace `loss_fn(params, batch) -> scalar` into a `ModelSpec`.
 
     `params` is a pytree of arrays or `jax.ShapeDtypeStruct`s (names come from its key paths);
-    `batch` a dict of named arrays at the micro-batch size. With `layers=None` each top-level
-    `jax.named_scope` (see `client.layer`) is a layer; with an int the equations are clustered
-    into that many layers by FLOPs. `logical_axes` maps parameter names to axis names.
+    `batch` a dict of named arrays at the micro-batch size. `logical_axes` maps parameter
+    names to axis names.
+
+    Layers come from named scopes (`client.layer`, `jax.named_scope`, Flax module calls, which
+    open scopes while tracing whatever the user's Flax settings). `scopes` picks them:
+    - None (default): a model with repeated child modules (a Flax model's blocks `h_0, h_1..`,
+      `layers_0..`, NNX `layers/0..`: sibling scopes whose names differ in a trailing index)
+      gets one layer per block, at the level whose blocks hold the most FLOPs, and one layer
+      per stretch between them (embedding; final norm, head and loss). Otherwise each
+      top-level scope is a layer.
+    - a glob pattern, e.g. `"h_*"` or `"transformer/h_*"` (`*` stays within one scope name;
+      it may match the end of a scope path): the matching scopes are the layers.
+    - an int: every scope that many levels down is a layer (`1`: each top-level scope).
+    Blocks stacked by `nn.scan` / `nnx.scan` cannot be cut: unroll them (a Python loop).
+
+    With `layers=N` the equations are clustered into N layers by FLOPs; when the chosen level
+    is below the top (a model of modules), cuts fall only between its scopes.
     """
     if not isinstance(batch, Mapping) or not batch:
         raise ValueError("batch must be a non-empty dict of named arrays")
@@ -97,7 +114,8 @@ def trace(
     if unknown:
         raise ValueError(f"logical_axes names unknown parameters: {unknown}")
 
-    closed = jax.make_jaxpr(loss_fn)(params, dict(batch))
+    with module_scopes():
+        closed = jax.make_jaxpr(loss_fn)(params, dict(batch))
     jaxpr = closed.jaxpr
     if len(jaxpr.outvars) != 1 or jaxpr.outvars[0].aval.shape != ():
         raise ValueError(f"loss_fn must return one scalar, got {jaxpr.outvars}")
@@ -118,10 +136,22 @@ def trace(
         return _dtype_name(v.aval) in DTYPE_BYTES and all(d >= 1 for d in v.aval.shape)
 
     flops = [eqn_flops(e) for e in eqns]
+    paths = scope_paths(eqns)
+    level = choose_level(paths, flops, scopes)
     if layers is None:
-        segments = scope_segments(eqns)
+        segments = level_segments(paths, level)
+        scan = stacked_scan(eqns, paths, set(jaxpr.invars[: len(param_names)]))
+        if scopes is None and len(segments) == 1 and scan:
+            raise ValueError(
+                f"the model runs its blocks in {scan} over stacked parameters; layers inside "
+                "a scan cannot be cut. Unroll it (call the blocks in a Python for loop instead "
+                "of nn.scan / nnx.scan), or pass scopes=1 to keep the model as one layer"
+            )
     else:
-        segments = cluster_segments(flops, cut_bytes(eqns, [loss_var], can_cross), int(layers))
+        cuts = cut_bytes(eqns, [loss_var], can_cross)
+        if level.depth > 1:
+            cuts = np.where(inside_scopes(paths, level.depth), np.inf, cuts)
+        segments = cluster_segments(flops, cuts, int(layers))
     seg_names = [clean_name(n, f"layer{k}") for k, (n, _, _) in enumerate(segments)]
 
     for s, (_, lo, hi) in enumerate(segments):
