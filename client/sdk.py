@@ -91,6 +91,8 @@ class JobRef(_Answer):
     model_id: str | None = None
     url: str
     dashboard_url: str
+    deduplicated: bool = False
+    deduplicated_by: str | None = None
 
 
 class ProfilePage(_Answer):
@@ -163,8 +165,15 @@ class StageprofClient:
         zoo_config: Mapping[str, Any] | None = None,
         cluster: ClusterSpec | None = None,
         options: PlanOptions | None = None,
+        idempotency_key: str | None = None,
+        new: bool = False,
     ) -> JobRef:
-        """Queue a plan job for a stored model, an inline spec or a zoo model."""
+        """Queue a plan job for a stored model, an inline spec or a zoo model.
+
+        With `idempotency_key` (e.g. a uuid4 string), sending the same request again (a
+        retry) returns the job the key first made. Without `new`, an identical request whose
+        job is still queued or running returns that job; either way `deduplicated` is True.
+        """
         if request is None:
             if isinstance(zoo, str):
                 zoo = ZooRef(name=zoo, config=dict(zoo_config or {}))
@@ -176,7 +185,10 @@ class StageprofClient:
                 options=options or PlanOptions(),
             )
         body = request.model_dump(mode="json", exclude_none=True)
-        return JobRef.model_validate(self._request("POST", "/v1/plans", json=body).json())
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
+        params = {"new": "true"} if new else {}
+        r = self._request("POST", "/v1/plans", json=body, headers=headers, params=params)
+        return JobRef.model_validate(r.json())
 
     def get_job(self, job_id: str) -> Job:
         return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}").json())

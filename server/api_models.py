@@ -1,7 +1,7 @@
 """Response bodies of the API that are not contracts of their own in `schemas`."""
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,6 +70,17 @@ class JobCreated(Out):
     model_id: str | None = Field(None, description="Null for a zoo job until it is built.")
     url: str = Field(description="The job's API URL.")
     dashboard_url: str
+    deduplicated: bool = Field(
+        False,
+        description="True when this is an existing job rather than a new one (answered 200, "
+        "not 202): see `deduplicated_by`.",
+    )
+    deduplicated_by: Literal["idempotency_key", "identical_request"] | None = Field(
+        None,
+        description="'idempotency_key': the job first submitted with this Idempotency-Key; "
+        "'identical_request': a queued or running job of an identical request (same model, "
+        "cluster and options; ask for a new one with ?new=true).",
+    )
 
 
 class JobList(Out):

@@ -10,10 +10,12 @@ import jax
 from pydantic import BaseModel
 
 import programs
-
 from schemas import ClusterSpec, ModelSpec, PlanOptions, ZooRef
+from schemas.candidate_count import CandidateCount
+from schemas.limits import MAX_CANDIDATES_ENV
 from server.errors import Loc, field_error, invalid
 from server.zoo_catalog import zoo_errors
+from server.zoo_limits import size_errors
 
 Errors = list[dict[str, Any]]
 
@@ -78,18 +80,80 @@ def micro_batch_errors(options: PlanOptions, micro_batch_size: int, loc: Loc) ->
 
 
 def submesh_errors(options: PlanOptions, cluster: ClusterSpec, loc: Loc) -> Errors:
-    """Manual submeshes must fit in the cluster."""
+    """Manual submeshes must divide the cluster: one host with a number of devices that
+    divides `devices_per_host`, or whole hosts, a number that divides `num_hosts`; each
+    listed once."""
     errors: Errors = []
+    hosts_n, per_host = cluster.num_hosts, cluster.devices_per_host
+    seen: set[tuple[int, int]] = set()
     for i, (hosts, devices) in enumerate(options.manual_submeshes or []):
-        if not (1 <= hosts <= cluster.num_hosts and 1 <= devices <= cluster.devices_per_host):
-            errors.append(
-                field_error(
-                    (*loc, "manual_submeshes", i),
-                    f"({hosts}, {devices}) does not fit a cluster of {cluster.num_hosts} "
-                    f"host(s) x {cluster.devices_per_host} device(s)",
-                )
-            )
+        shape = f"({hosts}, {devices})"
+        cluster_text = f"a cluster of {hosts_n} host(s) x {per_host} device(s)"
+        if hosts > hosts_n or devices > per_host:
+            reason = f"{shape} does not fit {cluster_text}"
+        elif hosts == 1 and per_host % devices:
+            reason = f"{shape}: {devices} device(s) do not divide the {per_host} of a host"
+        elif hosts > 1 and devices != per_host:
+            reason = f"{shape}: a multi-host submesh must use whole hosts ({per_host} devices)"
+        elif hosts_n % hosts:
+            reason = f"{shape}: {hosts} hosts do not divide the {hosts_n} of {cluster_text}"
+        elif (hosts, devices) in seen:
+            reason = f"{shape} is listed twice"
+        else:
+            seen.add((hosts, devices))
+            continue
+        errors.append(field_error((*loc, "manual_submeshes", i), reason))
     return errors
+
+
+def candidate_errors(
+    count: CandidateCount,
+    cap: int,
+    num_layers: int,
+    cluster: ClusterSpec,
+    options: PlanOptions,
+    loc: Loc,
+) -> Errors:
+    """A job needs at least one stage candidate, at most `cap`, and manual submeshes that
+    can cover the cluster in at most `num_layers` stages."""
+    if count.total > cap:
+        bound = "" if count.exact else "up to "
+        return [
+            field_error(
+                loc,
+                f"{bound}{count.total} stage candidates ({num_layers} layers on "
+                f"{cluster.num_hosts}x{cluster.devices_per_host} devices), over the cap of "
+                f"{cap} ({MAX_CANDIDATES_ENV}): use fewer layers, a smaller cluster, or "
+                "narrow options.submesh_space, config_space, strategies or "
+                "layer_imbalance_tolerance",
+            )
+        ]
+    if count.total == 0:
+        return [
+            field_error(
+                (*loc[:1], "options"),
+                "these options leave no stage candidate (no sharding config fits any "
+                "submesh: check strategies and config_space against the micro-batch size)",
+            )
+        ]
+    if options.submesh_space == "manual":
+        shapes = options.manual_submeshes or []
+        usable = [h * d for (h, d), n in zip(shapes, count.per_submesh, strict=True) if n > 0]
+        if cluster.num_devices not in usable and cluster.num_devices > max(usable) * num_layers:
+            return [
+                field_error(
+                    (*loc[:1], "options", "manual_submeshes"),
+                    f"cannot cover the cluster's {cluster.num_devices} devices with "
+                    f"{num_layers} stage(s) of at most {max(usable)} devices",
+                )
+            ]
+    return []
+
+
+def zoo_size_errors(zoo: ZooRef, loc: Loc) -> Errors:
+    """Sizes over their limit and model rules the runner would fail on (after zoo_ref_errors)."""
+    problems = size_errors(zoo.name, zoo.config)
+    return [field_error((*loc, *path), reason) for path, reason in problems]
 
 
 def zoo_ref_errors(zoo: ZooRef, loc: Loc) -> Errors:

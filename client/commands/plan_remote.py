@@ -31,11 +31,18 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         request = PlanRequest(zoo=zoo, cluster=cluster, options=options)
     with StageprofClient(args.server, token=args.token) as api:
         try:
-            job_id = api.submit_plan(request).job_id
+            ref = api.submit_plan(request)
         except ApiError as err:
             print(f"stageprof plan: the server refused the request: {err}", file=sys.stderr)
             return 2
-        console.print(f"[bold]stageprof[/] job {job_id} queued at {args.server}")
+        job_id = ref.job_id
+        if ref.deduplicated:
+            console.print(
+                f"[bold]stageprof[/] following job {job_id} ({ref.status.value}) at "
+                f"{args.server}: an identical request's job"
+            )
+        else:
+            console.print(f"[bold]stageprof[/] job {job_id} queued at {args.server}")
         with progress_bar(console) as on_progress:
             while True:
                 job = api.get_job(job_id)

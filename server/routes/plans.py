@@ -1,31 +1,44 @@
-"""POST /v1/plans: validate a plan request and queue a job (runners do the work)."""
+"""POST /v1/plans: check a plan request, then queue a job (runners do the work).
 
-from typing import Annotated, Any
+Idempotent: a request sent again with the same `Idempotency-Key` header gets the job the
+key first made, and a request identical to one whose job is still queued or running gets
+that job (`?new=true` asks for a new one); both answer 200 with `deduplicated: true`.
+"""
 
-from fastapi import APIRouter, Body, Response, status
-from pydantic import model_validator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Header, Query, Response, status
+from pydantic import Field, model_validator
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from schemas import PlanRequest
+from schemas.cluster import RequestedCluster
+from server.admission import check_plan_request
 from server.api_models import JobCreated, error_responses
-from server.checks import (
-    micro_batch_errors,
-    program_errors,
-    raise_if,
-    storable_errors,
-    submesh_errors,
-    zoo_ref_errors,
-)
 from server.deps import SessionDep
-from server.errors import Conflict, NotFound
+from server.errors import Conflict
 from server.examples import PLAN_EXAMPLES
 from server.routes.models import store_model
-from store import OldModelForm, create_job, get_model_row, is_current_form
+from store import create_job
+from store.idempotency import (
+    active_job_for_request,
+    job_by_idempotency_key,
+    request_hash,
+    set_job_request,
+)
+from store.tables import JobRow
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
+KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"
 
 
 class PlanRequestBody(PlanRequest):
     """A `PlanRequest`; the zoo may also be given as `{"zoo": "gpt", "config": {...}}`."""
+
+    cluster: RequestedCluster = Field(default_factory=RequestedCluster, description="The cluster.")
 
     @model_validator(mode="before")
     @classmethod
@@ -36,61 +49,133 @@ class PlanRequestBody(PlanRequest):
         return data
 
 
-def _stored_micro_batch(skeleton: dict[str, Any]) -> int:
-    shape = skeleton["inputs"][0]["shape"]
-    return shape[0] if shape else 1
+DedupReason = Literal["idempotency_key", "identical_request"]
+
+
+def _answer(
+    job: JobRow, response: Response, *, created: bool, by: DedupReason | None = None
+) -> JobCreated:
+    url = f"/v1/jobs/{job.id}"
+    response.headers["Location"] = url
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return JobCreated(
+        job_id=job.id,
+        status=job.status,
+        model_id=job.model_id,
+        url=url,
+        dashboard_url=f"/jobs/{job.id}",
+        deduplicated=not created,
+        deduplicated_by=None if created else by,
+    )
+
+
+def _same_key(job: JobRow, key: str, wanted_hash: str) -> JobRow:
+    if job.request_hash != wanted_hash:
+        raise Conflict(
+            f"{IDEMPOTENCY_KEY} {key!r} was already used for a different request (job "
+            f"{job.id}); send a new key for a new request"
+        )
+    return job
+
+
+def _queue(
+    session: Session, body: PlanRequestBody, model_id: str | None, wanted_hash: str, key: str | None
+) -> JobRow | None:
+    """A new job, or None when a concurrent request took `key` first."""
+    try:
+        with session.begin_nested():
+            if body.model is not None:
+                model_id = store_model(session, body.model)[0].id
+            job = create_job(
+                session,
+                cluster=body.cluster,
+                options=body.options,
+                model_id=model_id,
+                zoo_name=body.zoo.name if body.zoo is not None else None,
+                zoo_config=dict(body.zoo.config) if body.zoo is not None else None,
+            )
+            set_job_request(session, job=job, request_hash=wanted_hash, idempotency_key=key)
+            return job
+    except IntegrityError:
+        if key is None:
+            raise
+        return None
 
 
 @router.post(
     "",
     response_model=JobCreated,
     status_code=status.HTTP_202_ACCEPTED,
-    responses=error_responses(400, 401, 403, 404, 409, 413, 415),
+    responses=error_responses(
+        400,
+        401,
+        403,
+        404,
+        409,
+        413,
+        415,
+        extra={
+            200: {
+                "model": JobCreated,
+                "description": "An existing job (`deduplicated: true`): the one this "
+                "Idempotency-Key made, or a queued or running job of an identical request.",
+            }
+        },
+    ),
     summary="Plan a model on a cluster (queues a job)",
 )
 def submit_plan(
     body: Annotated[PlanRequestBody, Body(openapi_examples=PLAN_EXAMPLES)],
     session: SessionDep,
     response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias=IDEMPOTENCY_KEY,
+            pattern=KEY_PATTERN,
+            description="A key of your choice (1-128 printable ASCII characters, e.g. a "
+            "UUID): sending the same key again returns the job it first made (200), and "
+            "a different request with a used key is refused (409). Keys do not expire.",
+        ),
+    ] = None,
+    new: Annotated[
+        bool,
+        Query(
+            description="Queue a new job even when an identical request's job is queued or "
+            "running (by default that job is returned). An Idempotency-Key sent before "
+            "still returns its own job."
+        ),
+    ] = False,
 ) -> JobCreated:
     """Queue a job for a stored model (`model_id`), an inline spec (`model`, stored too) or
     a zoo model (`zoo`); a runner (`stageprof worker`) claims it. Answers `202` with the
-    job's URL; poll it, then fetch `/v1/jobs/{id}/plan`."""
-    errors = storable_errors(body, ("body",))
-    errors += submesh_errors(body.options, body.cluster, ("body", "options"))
-    if body.zoo is not None:
-        errors += zoo_ref_errors(body.zoo, ("body", "zoo"))
-    if body.model is not None:
-        errors += program_errors(body.model, ("body", "model"))
-        mb = body.model.micro_batch_size
-        errors += micro_batch_errors(body.options, mb, ("body", "options"))
-    raise_if(errors)
+    job's URL; poll it, then fetch `/v1/jobs/{id}/plan`.
 
-    model_id = body.model_id
-    if model_id is not None:
-        row = get_model_row(session, model_id=model_id)
-        if row is None:
-            raise NotFound(f"model {model_id!r} not found; POST it to /v1/models first")
-        if not is_current_form(row.spec):
-            raise Conflict(str(OldModelForm(model_id)))
-        mb = _stored_micro_batch(row.spec)
-        raise_if(micro_batch_errors(body.options, mb, ("body", "options")))
-    elif body.model is not None:
-        model_id = store_model(session, body.model)[0].id
-    job = create_job(
-        session,
-        cluster=body.cluster,
-        options=body.options,
-        model_id=model_id,
-        zoo_name=body.zoo.name if body.zoo is not None else None,
-        zoo_config=dict(body.zoo.config) if body.zoo is not None else None,
+    Everything a runner would fail on is checked first and answered with a 422 naming the
+    field, before anything is stored: sizes, device memory (1 MiB to 16 TiB), manual
+    submeshes (each must divide the cluster), the micro-batch, the layers' programs, and the
+    number of stage candidates (layer ranges × submeshes × sharding configs), at most
+    `STAGEPROF_MAX_CANDIDATES` (default 20000)."""
+    model_id = check_plan_request(body, session)
+    wanted_hash = request_hash(
+        cluster=body.cluster, options=body.options, model_id=model_id, zoo=body.zoo
     )
-    url = f"/v1/jobs/{job.id}"
-    response.headers["Location"] = url
-    return JobCreated(
-        job_id=job.id,
-        status=job.status,
-        model_id=model_id,
-        url=url,
-        dashboard_url=f"/jobs/{job.id}",
-    )
+    if idempotency_key is not None:
+        earlier = job_by_idempotency_key(session, key=idempotency_key)
+        if earlier is not None:
+            job = _same_key(earlier, idempotency_key, wanted_hash)
+            return _answer(job, response, created=False, by="idempotency_key")
+    if not new:
+        active = active_job_for_request(session, request_hash=wanted_hash)
+        if active is not None:
+            return _answer(active, response, created=False, by="identical_request")
+    queued = _queue(session, body, model_id, wanted_hash, idempotency_key)
+    if queued is None:
+        assert idempotency_key is not None
+        earlier = job_by_idempotency_key(session, key=idempotency_key)
+        if earlier is None:
+            raise Conflict(f"{IDEMPOTENCY_KEY} {idempotency_key!r} is being used; retry")
+        job = _same_key(earlier, idempotency_key, wanted_hash)
+        return _answer(job, response, created=False, by="idempotency_key")
+    return _answer(queued, response, created=True)

@@ -34,7 +34,7 @@ def test_plan_for_an_inline_model_stores_it(api: httpx.Client, row_counts: RowCo
     model_id = r.json()["model_id"]
     assert api.get(f"/v1/models/{model_id}").status_code == 200
     assert row_counts()["models"] == 1 and row_counts()["jobs"] == 1
-    again = api.post("/v1/plans", json={"model": spec, "cluster": CLUSTER})
+    again = api.post("/v1/plans?new=true", json={"model": spec, "cluster": CLUSTER})
     assert again.json()["model_id"] == model_id
     assert row_counts()["models"] == 1 and row_counts()["jobs"] == 2
 

@@ -1,0 +1,83 @@
+"""Every rule a runner would fail on, checked synchronously before a plan job is queued.
+
+`check_plan_request` raises a 422 naming the field and the reason (or a 404/409 for a
+stored model that is missing or in the old form) and writes nothing: sizes, the cluster,
+manual submeshes, the micro-batch, the number of stage candidates against the cap, and
+last (the most expensive) the layers' programs.
+"""
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from schemas import PlanRequest
+from schemas.candidate_count import count_candidates
+from schemas.limits import max_candidates
+from server.checks import (
+    Errors,
+    candidate_errors,
+    micro_batch_errors,
+    program_errors,
+    raise_if,
+    storable_errors,
+    submesh_errors,
+    zoo_ref_errors,
+    zoo_size_errors,
+)
+from server.errors import Conflict, Loc, NotFound
+from server.zoo_limits import spec_shape
+from store import OldModelForm, get_model_row, is_current_form
+from store.models import model_id_for
+
+BODY = ("body",)
+
+
+def _stored_micro_batch(skeleton: dict[str, Any]) -> int:
+    shape = skeleton["inputs"][0]["shape"]
+    return shape[0] if shape else 1
+
+
+def _model_shape(
+    body: PlanRequest, session: Session
+) -> tuple[int, int, list[float] | None, Loc, Errors]:
+    """(layers, micro-batch, layer FLOPs or None, where the layers come from, errors)."""
+    if body.model is not None:
+        spec = body.model
+        flops = [layer.flops for layer in spec.layers]
+        return spec.num_layers, spec.micro_batch_size, flops, (*BODY, "model", "layers"), []
+    if body.zoo is not None:
+        where = (*BODY, "zoo")
+        errors = zoo_ref_errors(body.zoo, where)
+        errors = errors or zoo_size_errors(body.zoo, where)
+        if errors:
+            return 0, 1, None, where, errors
+        layers, micro_batch = spec_shape(body.zoo.name, body.zoo.config)
+        loc = (*where, "config", "num_layers") if "num_layers" in body.zoo.config else where
+        return layers, micro_batch, None, loc, []
+    assert body.model_id is not None
+    row = get_model_row(session, model_id=body.model_id)
+    if row is None:
+        raise NotFound(f"model {body.model_id!r} not found; POST it to /v1/models first")
+    if not is_current_form(row.spec):
+        raise Conflict(str(OldModelForm(body.model_id)))
+    flops = [float(layer.get("flops", 0.0)) for layer in row.spec["layers"]]
+    return row.num_layers, _stored_micro_batch(row.spec), flops, (*BODY, "model_id"), []
+
+
+def check_plan_request(body: PlanRequest, session: Session) -> str | None:
+    """Raise unless a runner can carry out `body`; returns the model's id (None for a zoo
+    model, which the runner builds)."""
+    options_loc = (*BODY, "options")
+    errors = storable_errors(body, BODY)
+    errors += submesh_errors(body.options, body.cluster, options_loc)
+    raise_if(errors)
+    num_layers, micro_batch, flops, layers_loc, errors = _model_shape(body, session)
+    raise_if(errors)
+    raise_if(micro_batch_errors(body.options, micro_batch, options_loc))
+    count = count_candidates(num_layers, body.cluster, body.options, micro_batch, flops)
+    cap = max_candidates()
+    raise_if(candidate_errors(count, cap, num_layers, body.cluster, body.options, layers_loc))
+    if body.model is not None:
+        raise_if(program_errors(body.model, (*BODY, "model")))
+        return model_id_for(body.model)
+    return body.model_id

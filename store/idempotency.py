@@ -1,0 +1,65 @@
+"""Idempotent submission: a job by its client's Idempotency-Key or by an equal request.
+
+The request hash is computed here, from the canonical request (the model's content id or
+the zoo reference, the cluster and the options with their defaults filled in), never taken
+from the client.
+"""
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from schemas import ClusterSpec, JobStatus, PlanOptions, ZooRef
+from store.tables import JobRow
+
+ACTIVE = (JobStatus.queued.value, JobStatus.profiling.value, JobStatus.planning.value)
+
+
+def request_hash(
+    *,
+    cluster: ClusterSpec,
+    options: PlanOptions,
+    model_id: str | None = None,
+    zoo: ZooRef | None = None,
+) -> str:
+    """sha256 of the canonical plan request; equal requests have equal hashes."""
+    canonical: dict[str, Any] = {
+        "model_id": model_id,
+        "zoo": zoo.model_dump(mode="json") if zoo is not None else None,
+        "cluster": cluster.model_dump(mode="json"),
+        "options": options.model_dump(mode="json"),
+    }
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def job_by_idempotency_key(session: Session, *, key: str) -> JobRow | None:
+    """The job submitted with `key`, whatever its status."""
+    return session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+
+
+def active_job_for_request(session: Session, *, request_hash: str) -> JobRow | None:
+    """The oldest queued or running job (cancel not requested) made by an equal request."""
+    stmt = (
+        select(JobRow)
+        .where(
+            JobRow.request_hash == request_hash,
+            JobRow.status.in_(ACTIVE),
+            JobRow.cancel_requested.is_(False),
+        )
+        .order_by(JobRow.created_at, JobRow.id)
+        .limit(1)
+    )
+    return session.scalars(stmt).first()
+
+
+def set_job_request(
+    session: Session, *, job: JobRow, request_hash: str, idempotency_key: str | None
+) -> None:
+    """Record how `job` was requested (flushes: a key already taken raises IntegrityError)."""
+    job.request_hash = request_hash
+    job.idempotency_key = idempotency_key
+    session.flush()

@@ -1,0 +1,267 @@
+"""Refused at the door: what a runner would fail on is a 422 before anything is stored.
+
+Each refused request is checked to leave the jobs and models unchanged, through the API and
+in the database; the candidate count the API computes is checked against the planner's own
+enumeration, and the server's zoo mirror against `client.zoo`.
+"""
+
+import json
+import random
+from typing import Any
+
+import httpx
+import pytest
+
+from planner.candidates import enumerate_candidates
+from schemas import ClusterSpec, PlanOptions
+from schemas.candidate_count import count_candidates
+from schemas.limits import DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_ENV, max_candidates
+from server.zoo_limits import DEFAULTS, MAX_VALUES, PRESETS, WRESNET_BLOCKS, spec_shape
+from tests.server.conftest import RowCounts
+from tests.server.factories import chain_spec
+
+CLUSTER = {"num_hosts": 1, "devices_per_host": 4}
+
+
+def _counts(api: httpx.Client, row_counts: RowCounts) -> tuple[int, int, int, int]:
+    """(jobs, models) as the API lists them, then as the database holds them."""
+    rows = row_counts()
+    jobs = len(api.get("/v1/jobs", params={"limit": 200}).json()["items"])
+    models = len(api.get("/v1/models").json())
+    return jobs, models, rows["jobs"], rows["models"]
+
+
+def refused(
+    api: httpx.Client, row_counts: RowCounts, body: dict[str, Any], field: str, *words: str
+) -> str:
+    """POST `body`, expect a 422 naming `field` whose message has `words`; nothing stored."""
+    before = _counts(api, row_counts)
+    r = api.post("/v1/plans", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    fields = [e["field"] for e in detail]
+    assert field in fields, detail
+    msg = next(e["msg"] for e in detail if e["field"] == field)
+    for w in words:
+        assert w in msg, msg
+    assert _counts(api, row_counts) == before
+    return msg
+
+
+def test_a_1024_layer_model_is_refused_with_its_count_and_the_cap(
+    api: httpx.Client, row_counts: RowCounts
+) -> None:
+    spec = chain_spec(num_layers=1024, width=2)
+    count = count_candidates(1024, ClusterSpec(**CLUSTER), PlanOptions(), spec.micro_batch_size)
+    assert count.exact and count.total > DEFAULT_MAX_CANDIDATES
+    body = {"model": spec.model_dump(mode="json"), "cluster": CLUSTER}
+    msg = refused(api, row_counts, body, "model.layers", str(count.total), "20000")
+    assert MAX_CANDIDATES_ENV in msg and "1024 layers" in msg
+
+
+def test_a_huge_zoo_model_is_refused(api: httpx.Client, row_counts: RowCounts) -> None:
+    body = {"zoo": "gpt", "config": {"num_layers": 1000}, "cluster": CLUSTER}
+    layers, mb = spec_shape("gpt", {"num_layers": 1000})
+    count = count_candidates(layers, ClusterSpec(**CLUSTER), PlanOptions(), mb).total
+    refused(api, row_counts, body, "zoo.config.num_layers", str(count), "over the cap")
+
+
+def test_the_cap_is_a_setting(
+    api: httpx.Client, row_counts: RowCounts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER}
+    count = count_candidates(4, ClusterSpec(**CLUSTER), PlanOptions(), 8).total
+    monkeypatch.setenv(MAX_CANDIDATES_ENV, str(count - 1))
+    refused(api, row_counts, body, "zoo.config.num_layers", f"{count} stage", f"cap of {count - 1}")
+    monkeypatch.setenv(MAX_CANDIDATES_ENV, str(count))
+    assert api.post("/v1/plans", json=body).status_code == 202
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_a_bad_cap_setting_is_named(value: str) -> None:
+    with pytest.raises(ValueError, match=MAX_CANDIDATES_ENV):
+        max_candidates({MAX_CANDIDATES_ENV: value})
+    assert max_candidates({}) == DEFAULT_MAX_CANDIDATES
+
+
+@pytest.mark.parametrize(
+    ("cluster", "manual", "words"),
+    [
+        ({"num_hosts": 1, "devices_per_host": 8}, [[1, 3]], "3 device(s) do not divide the 8"),
+        ({"num_hosts": 1, "devices_per_host": 8}, [[1, 16]], "does not fit"),
+        ({"num_hosts": 4, "devices_per_host": 2}, [[3, 2]], "3 hosts do not divide the 4"),
+        ({"num_hosts": 4, "devices_per_host": 2}, [[2, 1]], "whole hosts"),
+        ({"num_hosts": 1, "devices_per_host": 4}, [[1, 2], [1, 2]], "listed twice"),
+    ],
+)
+def test_manual_submeshes_must_divide_the_cluster(
+    api: httpx.Client, row_counts: RowCounts, cluster: dict, manual: list, words: str
+) -> None:
+    options = {"submesh_space": "manual", "manual_submeshes": manual}
+    body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": cluster, "options": options}
+    index = len(manual) - 1
+    refused(api, row_counts, body, f"options.manual_submeshes.{index}", words)
+
+
+def test_manual_submeshes_must_cover_the_cluster(api: httpx.Client, row_counts: RowCounts) -> None:
+    options = {"submesh_space": "manual", "manual_submeshes": [[1, 1]]}
+    cluster = {"num_hosts": 1, "devices_per_host": 8}
+    body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": cluster, "options": options}
+    refused(api, row_counts, body, "options.manual_submeshes", "8 devices with 4 stage(s)")
+    good = dict(options, manual_submeshes=[[1, 1], [1, 2], [1, 4], [1, 8]])
+    assert api.post("/v1/plans", json=body | {"options": good}).status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("memory", "ok"),
+    [(2**70, False), (2**44 + 1, False), (2**20 - 1, False), (1000, False), (2**20, True)],
+)
+def test_device_memory_bounds(
+    api: httpx.Client, row_counts: RowCounts, memory: int, ok: bool
+) -> None:
+    body = {
+        "zoo": "gpt",
+        "config": {"num_layers": 2},
+        "cluster": CLUSTER | {"device_memory_bytes": memory},
+    }
+    if ok:
+        assert api.post("/v1/plans", json=body).status_code == 202
+    else:
+        refused(api, row_counts, body, "cluster.device_memory_bytes")
+
+
+def test_the_largest_device_memory_is_accepted(api: httpx.Client) -> None:
+    body = {"zoo": "mlp", "config": {"preset": "tiny"}, "cluster": {"device_memory_bytes": 2**44}}
+    r = api.post("/v1/plans", json=body)
+    assert r.status_code == 202
+    assert api.get(r.json()["url"]).json()["cluster"]["device_memory_bytes"] == 2**44
+
+
+@pytest.mark.parametrize(
+    ("zoo", "config", "field", "words"),
+    [
+        ("gpt", {"hidden_size": 2**20}, "zoo.config.hidden_size", "at most 65536"),
+        ("mlp", {"batch_size": 10**6}, "zoo.config.batch_size", "at most 65536"),
+        ("gpt", {"hidden_size": 66, "num_heads": 4}, "zoo.config.num_heads", "divisible"),
+        ("moe", {"expert_group_size": 100}, "zoo.config.expert_group_size", "multiple"),
+        ("wresnet", {"num_layers": 11}, "zoo.config.num_layers", "one of [10, 18"),
+        ("wresnet", {"num_layers": 18}, "zoo.config.width_factor", "basic blocks"),
+    ],
+)
+def test_zoo_sizes_and_rules(
+    api: httpx.Client, row_counts: RowCounts, zoo: str, config: dict, field: str, words: str
+) -> None:
+    refused(api, row_counts, {"zoo": zoo, "config": config, "cluster": CLUSTER}, field, words)
+
+
+def test_zoo_micro_batch_is_checked(api: httpx.Client, row_counts: RowCounts) -> None:
+    options = {"num_microbatches": 4, "global_batch_size": 12}  # micro-batch 3, gpt traces 8
+    body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER, "options": options}
+    refused(api, row_counts, body, "options.global_batch_size", "micro-batch 8")
+
+
+def test_options_with_no_candidate_are_refused(api: httpx.Client, row_counts: RowCounts) -> None:
+    options = {"config_space": "data_parallel_only", "strategies": ["megatron"]}
+    body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER, "options": options}
+    refused(api, row_counts, body, "options", "no stage candidate")
+
+
+def test_cheap_rules_come_before_the_programs(api: httpx.Client, row_counts: RowCounts) -> None:
+    spec = chain_spec(num_layers=2).model_dump(mode="json")
+    spec["layers"][0]["forward"] = "%%% not base64"
+    body = {"model": spec, "cluster": CLUSTER | {"device_memory_bytes": 2**70}}
+    refused(api, row_counts, body, "cluster.device_memory_bytes")
+
+
+def test_openapi_shows_the_limits(api: httpx.Client) -> None:
+    doc = api.get("/openapi.json").json()
+    op = doc["paths"]["/v1/plans"]["post"]
+    assert "STAGEPROF_MAX_CANDIDATES" in op["description"] and "20000" in op["description"]
+    params = {p["name"]: p for p in op["parameters"]}
+    key = params["Idempotency-Key"]
+    assert key["in"] == "header" and key["schema"]["anyOf"][0]["pattern"]
+    assert params["new"]["in"] == "query"
+    assert {"200", "202", "409", "422"} <= set(op["responses"])
+    schemas = doc["components"]["schemas"]
+    memory = schemas["RequestedCluster"]["properties"]["device_memory_bytes"]
+    assert (memory["minimum"], memory["maximum"]) == (2**20, 2**44)
+    manual = schemas["PlanOptions"]["properties"]["manual_submeshes"]["anyOf"][0]
+    assert manual["maxItems"] == 64 and "divid" in json.dumps(schemas["PlanOptions"])
+    assert "STAGEPROF_MAX_CANDIDATES" in schemas["PlanOptions"]["description"]
+    assert schemas["JobCreated"]["properties"]["deduplicated"]["type"] == "boolean"
+
+
+def test_the_count_is_the_planners() -> None:
+    """`count_candidates` in closed form equals `len(enumerate_candidates(...).keys)`."""
+    rng = random.Random(15)
+    for _ in range(150):
+        num_layers = rng.randint(1, 10)
+        spec = chain_spec(num_layers=num_layers, batch=rng.choice([1, 2, 4, 6, 8]))
+        flops = [rng.choice([0.0, 1.0, 3.0, rng.random() * 10]) for _ in range(num_layers)]
+        spec = spec.model_copy(
+            update={
+                "layers": [
+                    layer.model_copy(update={"flops": f})
+                    for layer, f in zip(spec.layers, flops, strict=True)
+                ]
+            }
+        )
+        cluster = ClusterSpec(
+            num_hosts=rng.randint(1, 5), devices_per_host=rng.choice([1, 2, 4, 8])
+        )
+        space = rng.choice(["power_of_two", "small_power_of_two", "all", "manual"])
+        manual = None
+        if space == "manual":
+            per_host = cluster.devices_per_host
+            singles = [(1, d) for d in (1, 2, 4, 8) if d <= per_host]
+            wholes = [(h, per_host) for h in range(2, cluster.num_hosts + 1)]
+            manual = rng.sample(singles + wholes, rng.randint(1, len(singles + wholes)))
+        options = PlanOptions(
+            submesh_space=space,
+            manual_submeshes=manual,
+            config_space=rng.choice(["all", "single_node_model_parallel", "data_parallel_only"]),
+            strategies=rng.sample(["data", "megatron", "fsdp"], rng.randint(1, 3)),
+            layer_imbalance_tolerance=rng.choice([None, 0.1, 0.5, 1.0, 3.0]),
+        )
+        want = len(enumerate_candidates(spec, cluster, options).keys)
+        got = count_candidates(num_layers, cluster, options, spec.micro_batch_size, flops)
+        assert got.exact and got.total == want, (cluster, options, flops)
+        bound = count_candidates(num_layers, cluster, options, spec.micro_batch_size)
+        assert bound.total >= want and bound.exact == (options.layer_imbalance_tolerance is None)
+
+
+def test_counting_is_cheap_for_the_largest_request() -> None:
+    cluster = ClusterSpec(num_hosts=1024, devices_per_host=1024)
+    options = PlanOptions(submesh_space="all", layer_imbalance_tolerance=0.5)
+    count = count_candidates(1024, cluster, options, 2**20, [1.0] * 1024)
+    assert count.exact and count.total > 10**9
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_the_zoo_mirror_matches_the_zoo(name: str) -> None:
+    zoo = pytest.importorskip("client.zoo")  # imports jax; the server never does
+    model = zoo.get(name)
+    assert DEFAULTS[name] == dict(model.defaults)
+    assert PRESETS[name] == {k: dict(v) for k, v in model.presets.items()}
+    for values in [model.defaults, *model.presets.values()]:
+        for key, value in values.items():
+            assert value <= MAX_VALUES[key], (name, key)
+    assert set(model.defaults) <= set(MAX_VALUES)
+    if name == "wresnet":
+        stages = pytest.importorskip("client.zoo.wresnet").STAGES
+        assert WRESNET_BLOCKS == {n: (sum(b), bottleneck) for n, (b, bottleneck) in stages.items()}
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("mlp", {"preset": "tiny", "num_layers": 3}),
+        ("gpt", {"num_layers": 2, "hidden_size": 32, "batch_size": 4}),
+        ("moe", {"num_layers": 2, "hidden_size": 32, "seq_len": 16}),
+        ("wresnet", {"num_layers": 10, "image_size": 8, "num_channels": 4, "width_factor": 1}),
+    ],
+)
+def test_the_zoo_shape_is_what_the_runner_builds(name: str, config: dict) -> None:
+    zoo = pytest.importorskip("client.zoo")
+    spec = zoo.build(name, **config)
+    assert spec_shape(name, config) == (spec.num_layers, spec.micro_batch_size)
