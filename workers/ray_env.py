@@ -31,7 +31,9 @@ def connect_ray(num_cpus: int | None = None) -> None:
         log_to_driver=False,
         configure_logging=False,
     )
-    start_watchdog(session_name())
+    session = session_name()
+    watchdog = start_watchdog(session)
+    logger.info("local Ray session %s, watched by pid %d", session, watchdog.pid)
 
 
 def session_name() -> str:

@@ -17,6 +17,8 @@ from workers.retry import StoreRetry, is_transient
 
 logger = logging.getLogger(__name__)
 
+OURS, WAIT, STORED = "ours", "wait", "stored"
+
 
 @dataclass(frozen=True)
 class Settled:
@@ -36,73 +38,84 @@ class StageLedger:
         self.lease_seconds = lease_seconds
         self.waiting: dict[str, datetime] = {}  # fingerprint -> when we started waiting
         self.unsaved: deque[StageProfileResult] = deque()
+        self._ready: list[Settled] = []  # stored by others, recorded, not yet returned
 
     # --- claims -----------------------------------------------------------------------
 
-    def claim(self, fingerprint: str) -> bool | None:
-        """True: ours to measure. False: another runner has it (we wait for its result).
+    def claim(self, fingerprint: str) -> str | None:
+        """`OURS`: ours to measure. `WAIT`: another runner has it (we wait for its result).
+        `STORED`: its result was stored meanwhile (recorded; `settle_waiting` returns it).
         None: the store is unreachable now; try again later."""
+        ready = len(self._ready)
         try:
-            ours = self.retry.once(
-                "stage claim",
-                lambda s: claim_stage(
-                    s,
-                    fingerprint=fingerprint,
-                    owner=self.owner,
-                    job_id=self.job_id,
-                    lease_seconds=self.lease_seconds,
-                ),
-            )
+            outcome = self.retry.once("stage claim", lambda s: self._claim(s, fingerprint, None))
         except Exception as err:
+            del self._ready[ready:]  # rolled back: nothing was recorded
             if is_transient(err):
                 return None
             raise
-        if not ours:
+        if outcome == WAIT:
             self.waiting[fingerprint] = store.utcnow()
             self.retry.counters.add("stage_claims_waited")
-        return ours
+        return outcome
+
+    def _claim(self, s: Session, fingerprint: str, since: datetime | None) -> str:
+        """Claim, then look for a result: the claim waits for a claimant's commit (its
+        result and its claim's release are one transaction), so the look that follows sees
+        that result; looking first could miss it and measure the stage twice."""
+        if not claim_stage(
+            s,
+            fingerprint=fingerprint,
+            owner=self.owner,
+            job_id=self.job_id,
+            lease_seconds=self.lease_seconds,
+        ):
+            return WAIT
+        row = store.get_profile(s, fingerprint=fingerprint)
+        if row is None or (
+            # A transient failure is measured again, unless its claimant stored it while we
+            # waited: then it is that claimant's answer.
+            row.status in TRANSIENT_STATUSES and (since is None or row.created_at < since)
+        ):
+            return OURS
+        store.record_result(s, job_id=self.job_id, profile=row, reused=True)
+        release_claims(s, owner=self.owner, fingerprints=[fingerprint])
+        store.refresh_progress(s, job_id=self.job_id)
+        self._ready.append(Settled(fingerprint, store.profile_result(row)))
+        return STORED
 
     def settle_waiting(self) -> tuple[list[Settled], list[str]]:
-        """Look at the stages we wait for: those stored by their claimant are recorded for
-        this job; those whose claim is gone without a result are claimed for us. Returns
-        (stored ones, ones now ours to measure); nothing when the store is unreachable."""
-        if not self.waiting:
-            return [], []
-        try:
-            return self.retry.once("waited stages", self._settle)
-        except Exception as err:
-            if is_transient(err):
-                return [], []
-            raise
+        """The stages stored by others since the last call are recorded for this job; those
+        we waited for whose claim is gone without a result are claimed for us. Returns
+        (stored ones, ones now ours to measure); nothing new when the store is unreachable."""
+        ours: list[str] = []
+        if self.waiting:
+            try:
+                ours = self.retry.once("waited stages", self._settle)
+            except Exception as err:
+                if not is_transient(err):
+                    raise
+        ready, self._ready = self._ready, []
+        return ready, ours
 
-    def _settle(self, s: Session) -> tuple[list[Settled], list[str]]:
+    def _settle(self, s: Session) -> list[str]:
         wanted = list(self.waiting)
         claimed = live_claims(s, fingerprints=wanted, exclude_owner=self.owner)
-        free = [fp for fp in wanted if fp not in claimed]
-        settled: list[Settled] = []
         ours: list[str] = []
-        for fp in free:
-            row = store.get_profile(s, fingerprint=fp)
-            # A transient failure stored before we waited is not the claimant's answer.
-            stale = row is not None and (
-                row.status in TRANSIENT_STATUSES and row.created_at < self.waiting[fp]
-            )
-            if row is not None and not stale:
-                store.record_result(s, job_id=self.job_id, profile=row, reused=True)
-                settled.append(Settled(fp, store.profile_result(row)))
-            elif claim_stage(
-                s,
-                fingerprint=fp,
-                owner=self.owner,
-                job_id=self.job_id,
-                lease_seconds=self.lease_seconds,
-            ):
-                ours.append(fp)
-        if settled:
-            store.refresh_progress(s, job_id=self.job_id)
-        for fp in [x.fingerprint for x in settled] + ours:
+        ready = len(self._ready)
+        try:
+            for fp in wanted:
+                if fp in claimed:
+                    continue
+                outcome = self._claim(s, fp, self.waiting[fp])
+                if outcome == OURS:
+                    ours.append(fp)
+        except BaseException:
+            del self._ready[ready:]  # the transaction is rolled back: nothing was recorded
+            raise
+        for fp in ours + [x.fingerprint for x in self._ready[ready:]]:
             self.waiting.pop(fp, None)
-        return settled, ours
+        return ours
 
     # --- results ----------------------------------------------------------------------
 

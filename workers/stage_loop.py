@@ -15,7 +15,7 @@ from schemas import StageKey, StageProfileResult
 from workers.heartbeat import LeaseKeeper
 from workers.pool import MeasurePool, MeasureTask
 from workers.retry import StoreRetry, is_transient
-from workers.stage_ledger import StageLedger
+from workers.stage_ledger import OURS, WAIT, StageLedger
 
 if TYPE_CHECKING:
     from workers.runner import JobStats, ProgressCallback, RunnerConfig
@@ -66,12 +66,13 @@ class MeasureLoop:
                 if pruner is not None and pruner.prunable(k.as_tuple() for k in keys_by_fp[fp]):
                     skipped.append(queue.popleft())
                     continue
-                ours = ledger.claim(fp)
-                if ours is None:  # the store is unreachable: measure nothing new for now
+                claim = ledger.claim(fp)
+                if claim is None:  # the store is unreachable: measure nothing new for now
                     break
                 queue.popleft()
-                if not ours:
+                if claim == WAIT:
                     stats.waited += 1
+                if claim != OURS:
                     continue
                 if self.pool is None:
                     self.pool = start_pool()

@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     url = args.database_url or database_url()
     if url.startswith("sqlite"):
         upgrade(url)
-    sessions = make_sessionmaker(make_engine(url))
+    # A lost network fails a connection attempt in seconds (then retried), not minutes.
+    engine_args = {} if url.startswith("sqlite") else {"connect_args": {"connect_timeout": 5}}
+    sessions = make_sessionmaker(make_engine(url, **engine_args))
     connect_ray()
     runner = JobRunner(
         sessions,

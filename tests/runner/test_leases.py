@@ -16,6 +16,7 @@ from schemas import ClusterSpec, JobStatus, ModelSpec
 from store import JobRow, claim_job, create_job, get_job, request_cancel, session_scope, utcnow
 from store.counters import read_counters
 from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
+from tests.runner.faults_report import record_fault
 from workers.runner import JobOutcome, JobRunner, RunnerConfig
 
 LEASE_S = 1.5
@@ -103,7 +104,14 @@ def test_cancel_stops_a_slow_phase_within_seconds(
         request_cancel(s, job_id=job_id)
     asked = time.monotonic()
     thread.join(30)
-    assert time.monotonic() - asked < STOP_WITHIN_S
+    took = time.monotonic() - asked
+    record_fault(
+        "cancel during a slow phase",
+        f"cancelled within {STOP_WITHIN_S:g} s",
+        box[0].status.value,
+        took,
+    )
+    assert took < STOP_WITHIN_S
     assert box[0].status == JobStatus.cancelled
     row = _job(sessions, job_id)
     assert row.status == "cancelled" and row.finished_at is not None
@@ -120,7 +128,14 @@ def test_shutdown_hands_the_job_back_within_seconds(
     runner.shutdown.set()
     asked = time.monotonic()
     thread.join(30)
-    assert time.monotonic() - asked < STOP_WITHIN_S
+    took = time.monotonic() - asked
+    record_fault(
+        "shutdown (SIGTERM) during a slow phase",
+        f"job handed back within {STOP_WITHIN_S:g} s",
+        box[0].status.value,
+        took,
+    )
+    assert took < STOP_WITHIN_S
     assert box[0].status == JobStatus.profiling
     with session_scope(sessions) as s:  # handed back: another runner takes it over at once
         again = claim_job(s, owner="next", lease_seconds=30)
@@ -139,7 +154,14 @@ def test_a_runner_that_lost_its_lease_stops_and_leaves_the_job_alone(
         s.execute(update(JobRow).where(JobRow.id == job_id).values(lease_owner="usurper"))
     asked = time.monotonic()
     thread.join(30)
-    assert time.monotonic() - asked < STOP_WITHIN_S
+    took = time.monotonic() - asked
+    record_fault(
+        "lease lost during a slow phase",
+        f"runner stops within {STOP_WITHIN_S:g} s",
+        f"stopped: {box[0].error}",
+        took,
+    )
+    assert took < STOP_WITHIN_S
     assert box[0].status == JobStatus.profiling and "lost" in box[0].error
     row = _job(sessions, job_id)
     assert row.status == "profiling" and row.lease_owner == "usurper"

@@ -1,0 +1,102 @@
+"""Concurrent jobs of one model on two runners, on the real Postgres: each stage is measured
+once across all of them (stage claims), the others wait for its result."""
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from migrations import upgrade
+from schemas import JobStatus
+from store import (
+    Base,
+    JobCandidateRow,
+    StageProfileRow,
+    make_engine,
+    make_sessionmaker,
+    session_scope,
+)
+from store.counters import read_counters
+from store.tables import StageClaimRow
+from tests.conftest import postgres_url
+from tests.runner.conftest import queue_job, tiny_gpt
+from tests.runner.faults_report import record_fault
+from workers.runner import JobOutcome, JobRunner, RunnerConfig
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("ray_cluster"),
+]
+
+JOBS = 3
+RUNNERS = 2
+TIMEOUT_S = 600
+
+
+@pytest.fixture
+def pg_sessions() -> Iterator[sessionmaker[Session]]:
+    url = postgres_url()
+    upgrade(url)
+    engine = make_engine(url)
+    yield make_sessionmaker(engine)
+    with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(delete(table))
+    engine.dispose()
+
+
+def test_concurrent_jobs_measure_each_stage_once(pg_sessions: sessionmaker[Session]) -> None:
+    spec = tiny_gpt(num_layers=2)
+    job_ids = {queue_job(pg_sessions, spec) for _ in range(JOBS)}
+    outcomes: list[JobOutcome] = []
+    stop = threading.Event()
+
+    def work(runner: JobRunner) -> None:
+        while not stop.is_set():
+            outcome = runner.run_next()
+            if outcome is None:
+                stop.wait(0.2)
+            else:
+                outcomes.append(outcome)
+
+    runners = [
+        JobRunner(pg_sessions, RunnerConfig(num_workers=1, lease_seconds=20))
+        for _ in range(RUNNERS)
+    ]
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in runners]
+    for t in threads:
+        t.start()
+    began = time.monotonic()
+    deadline = began + TIMEOUT_S
+    try:
+        while len(outcomes) < JOBS:
+            assert time.monotonic() < deadline, f"{len(outcomes)} of {JOBS} jobs ended"
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    wall = time.monotonic() - began
+    assert {o.job_id for o in outcomes} == job_ids
+    assert all(o.status == JobStatus.done for o in outcomes), [o.error for o in outcomes]
+    with session_scope(pg_sessions) as s:
+        distinct = s.scalar(select(func.count(func.distinct(JobCandidateRow.fingerprint))))
+        profiles = s.scalar(select(func.count()).select_from(StageProfileRow))
+        claims = s.scalar(select(func.count()).select_from(StageClaimRow))
+        waited = read_counters(s).get("stage_claims_waited", 0)
+    measured = sum(o.stats.measured for o in outcomes)
+    # Every stored profile was measured by exactly one runner; none twice.
+    assert measured == profiles <= distinct
+    assert claims == 0
+    assert waited == sum(o.stats.waited for o in outcomes)
+    record_fault(
+        f"{JOBS} concurrent jobs of one model, {RUNNERS} runners",
+        "stages measured = distinct stages",
+        f"{measured} measured, {profiles} stored, {distinct} distinct, {waited} waited for",
+        wall,
+    )
