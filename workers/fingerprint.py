@@ -51,7 +51,14 @@ def layer_key(layer: LayerSpec) -> str:
     hit = _layer_fps.get(id(layer))
     if hit is not None and hit[0] is layer:
         return hit[1]
-    fp = layer_fingerprint(layer) if layer.forward and layer.backward else layer.fingerprint
+    if not (layer.forward and layer.backward):
+        fp = layer.fingerprint
+    else:
+        try:
+            fp = layer_fingerprint(layer)
+        except Exception:  # noqa: BLE001 - unreadable programs fail later, when composed
+            raw = (layer.forward + "\n" + layer.backward).encode()
+            fp = "unreadable-programs:" + hashlib.sha256(raw).hexdigest()
     _layer_fps[id(layer)] = (layer, fp)
     if len(_layer_fps) > _LAYER_CACHE_SIZE:
         _layer_fps.popitem(last=False)

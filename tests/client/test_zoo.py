@@ -46,8 +46,8 @@ def test_names() -> None:
     assert zoo.names() == ["gpt", "mlp", "moe", "wresnet"]
 
 
-def test_mlp_defaults_equal_the_seed() -> None:
-    spec = zoo.build("mlp")
+def test_mlp_seed_preset_is_the_seed() -> None:
+    spec = zoo.build("mlp", preset="seed")
     assert [layer.name for layer in spec.layers] == ["layer0", "layer1"]
     assert [(v.name, v.shape) for v in spec.inputs] == [("x", (128, 2048)), ("y", (128, 2048))]
     for layer in spec.layers:
@@ -59,6 +59,8 @@ def test_mlp_defaults_equal_the_seed() -> None:
     assert spec.layers[0].outputs[0].shape == (128, 2048)
     assert spec.layers[1].outputs[0].shape == ()
     assert spec.layers[0].params[2].logical_axes == ("embed", "mlp")
+    small = zoo.build("mlp")
+    assert small.inputs[0].shape == (32, 256)
 
 
 def test_gpt_layers_and_axes() -> None:

@@ -50,7 +50,7 @@ def test_seed_numbers_are_read() -> None:
 def test_mlp_stage_matches_alpas_per_device_sizes() -> None:
     from client import zoo
 
-    spec: ModelSpec = zoo.build("mlp")  # the seed's defaults: 2 × (2048→8192→2048), batch 128
+    spec: ModelSpec = zoo.build("mlp", preset="seed")  # 2 × (2048→8192→2048), batch 128
     r = measure_stage_on(
         spec,
         0,
