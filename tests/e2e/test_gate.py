@@ -1,0 +1,116 @@
+"""End to end, as a model repository's CI runs it: the GitHub recipe's gate step against the
+compose topology as local processes (Postgres, `stageprof db upgrade`, `stageprof serve`,
+`stageprof worker`). The baseline is written with the step's flags, the same model passes,
+a wider MLP fails on FLOPs/peak memory naming the stage, a stopped server is exit 2."""
+
+import json
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import xmlschema
+
+from client.gate.baseline import read_baseline
+from tests.e2e.stack import STAGEPROF, LocalStack, free_port
+from tests.e2e.test_ci_recipes import GITHUB, github_gate_step
+from tests.e2e.test_stack import e2e_database_url, stack_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(600)]
+
+XSD = Path(__file__).resolve().parents[1] / "client" / "data" / "junit.xsd"
+GATE_TIMEOUT_S = 300.0
+
+
+def recipe_gate_argv(base_url: str) -> list[str]:
+    """The recipe's `stageprof gate ...` step, its $STAGEPROF_URL set to the local API."""
+    words = shlex.split(github_gate_step(GITHUB)["run"])
+    assert words[:2] == ["stageprof", "gate"]
+    return [w.replace("$STAGEPROF_URL", base_url) for w in words[1:]]
+
+
+def gate(workdir: Path, env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*STAGEPROF, *argv],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=GATE_TIMEOUT_S,
+    )
+
+
+def junit_cases(path: Path) -> dict[str, ET.Element]:
+    xmlschema.XMLSchema(str(XSD)).validate(str(path))
+    return {c.get("name") or "": c for c in ET.parse(path).getroot().iter("testcase")}
+
+
+def test_the_recipe_gate_passes_fails_and_cannot_decide(tmp_path: Path) -> None:
+    env = stack_env(e2e_database_url())
+    token = secrets.token_urlsafe(24)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    summary = tmp_path / "step-summary.md"
+    gate_env = env | {"STAGEPROF_API_TOKEN": token, "GITHUB_STEP_SUMMARY": str(summary)}
+    argv = recipe_gate_argv(base)
+    baseline = tmp_path / argv[argv.index("--baseline") + 1]
+    junit = tmp_path / argv[argv.index("--junit") + 1]
+    with LocalStack(tmp_path, env) as stack:
+        stack.run("migrate", "db", "upgrade")
+        api = stack.start(
+            "api",
+            *("serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"),
+            *("--no-migrate", "--log-level", "warning"),
+            env=env | {"STAGEPROF_API_TOKEN": token},
+        )
+        stack.start(
+            "worker",
+            *("worker", "--workers", "1", "--devices-per-worker", "2", "--idle-sleep", "0.5"),
+        )
+        stack.wait_healthy(base)
+
+        # 1. A developer writes the baseline with the step's flags and commits it.
+        write = [a for a in argv if a not in ("--baseline", str(baseline.relative_to(tmp_path)))]
+        written = gate(tmp_path, gate_env, write + ["--write-baseline", str(baseline)])
+        assert written.returncode == 0, written.stderr + stack.logs()
+        plan = read_baseline(baseline)
+        assert plan.num_layers == 4 and all(s.flops > 0 for s in plan.stages)
+
+        # 2. CI on an unchanged model: pass, reports written, the step summary appended.
+        same = gate(tmp_path, gate_env, argv + ["--json"])
+        assert same.returncode == 0, same.stdout + same.stderr
+        out = json.loads(same.stdout.strip().splitlines()[-1])
+        assert out["verdict"] == "pass" and out["exit_code"] == 0
+        cases = junit_cases(junit)
+        assert "stage 0 FLOPs" in cases and not list(ET.parse(junit).getroot().iter("failure"))
+        assert summary.read_text().startswith("## stageprof gate: ✅ pass")
+
+        # 3. A wider MLP: more FLOPs and memory in every stage of the baseline's layout.
+        # (overrides apply after the preset: hidden 32 becomes 64)
+        wider = gate(tmp_path, gate_env, argv + ["--set", "hidden_size=64"])
+        assert wider.returncode == 1, wider.stdout + wider.stderr
+        failures = {
+            name: case.find("failure")
+            for name, case in junit_cases(junit).items()
+            if case.find("failure") is not None
+        }
+        flops = [n for n in failures if n.endswith("FLOPs")]
+        assert flops, failures
+        message = failures[flops[0]].get("message") or ""  # type: ignore[union-attr]
+        assert "stage 0 (layers 0-" in message and "FLOPs per device" in message
+        assert "beyond the 2.0% allowed" in message
+        assert "❌ regression" in summary.read_text()
+
+        # 4. The server is gone: exit 2, one line on stderr, no traceback.
+        os.killpg(api.proc.pid, signal.SIGTERM)
+        api.proc.wait(timeout=30)
+        down = gate(tmp_path, gate_env, argv)
+        assert down.returncode == 2
+        assert down.stderr.count("\n") == 1 and "Traceback" not in down.stderr, down.stderr
+        assert down.stderr.startswith(f"stageprof gate: cannot reach the server at {base}")
+        (error,) = ET.parse(junit).getroot().iter("error")
+        assert "cannot reach the server" in (error.get("message") or "")
