@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import IO, Any
 
 from rich.console import Console, Group
@@ -22,7 +23,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from schemas import ModelSpec, Plan
+from schemas import Job, ModelSpec, Plan
 from schemas.plan import percent, stage_layout
 from schemas.profile import MAX_SUCC_STAGES
 
@@ -41,13 +42,19 @@ def progress_bar(console: Console) -> Iterator[Callable[[Any, Any], None]]:
         yield update
 
 
+def job_snapshot(job: Job) -> SimpleNamespace:
+    """A job from the API as the progress displays read it: its status and its counts."""
+    return SimpleNamespace(status=job.status, **job.progress.model_dump())
+
+
 def progress_line(job: Any, elapsed_s: float) -> str:
     """One line of progress from a job row or `Job.progress`-like object (None: starting)."""
     if job is None:
         return f"starting: workers and the model's stages ({elapsed_s:.0f}s)"
-    status = getattr(job, "status", None)
-    phase = getattr(status, "value", status) or "profiling"
+    phase = _phase(job)
     total, done = job.total, job.done
+    if phase == "queued":
+        return f"queued: waiting for a worker to take the job, {elapsed_s:.0f}s elapsed"
     eta = ""
     if 0 < done < total:
         eta = f", ETA {elapsed_s / done * (total - done):.0f}s"
@@ -55,6 +62,11 @@ def progress_line(job: Any, elapsed_s: float) -> str:
         f"{phase}: {done}/{total} candidates done (measured {job.measured}, reused "
         f"{job.cached}, pruned {job.pruned}, failed {job.failed}), {elapsed_s:.0f}s elapsed{eta}"
     )
+
+
+def _phase(job: Any) -> str:
+    status = getattr(job, "status", None)
+    return str(getattr(status, "value", status) or "profiling")
 
 
 @contextmanager
@@ -99,7 +111,7 @@ def plain_progress(
 def _rich_progress(console: Console) -> Iterator[Callable[[Any, Any], None]]:
     """A rich progress bar over candidates: done (reused, failed) and ETA."""
     progress = Progress(
-        TextColumn("[bold]profiling"),
+        TextColumn("[bold]{task.fields[phase]}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn(
@@ -112,13 +124,16 @@ def _rich_progress(console: Console) -> Iterator[Callable[[Any, Any], None]]:
         console=console,
         transient=False,
     )
-    task = progress.add_task("profiling", total=None, reused=0, pruned=0, failed=0)
+    task = progress.add_task(
+        "profiling", total=None, phase="starting", reused=0, pruned=0, failed=0
+    )
 
     def update(job: Any, _stats: Any) -> None:
         if job is None:
             return
         progress.update(
             task,
+            phase=_phase(job),
             total=job.total,
             completed=job.done,
             reused=job.cached,

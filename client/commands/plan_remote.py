@@ -7,6 +7,7 @@ import time
 from rich.console import Console
 
 from client.commands.plan_output import (
+    job_snapshot,
     print_json_line,
     print_plan,
     print_stability,
@@ -46,7 +47,7 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         with progress_bar(console) as on_progress:
             while True:
                 job = api.get_job(job_id)
-                on_progress(job.progress, None)
+                on_progress(job_snapshot(job), None)
                 if job.status.finished:
                     break
                 time.sleep(1.0)

@@ -35,3 +35,8 @@ def test_plain_progress_prints_on_phase_change_and_on_a_timer() -> None:
     assert len(timed) >= 2
     assert lines[-2].startswith("planning: 4/4") and lines[-1].startswith("planning: 4/4")
     assert "\x1b[" not in stream.getvalue()
+
+
+def test_a_queued_job_says_it_waits_for_a_worker() -> None:
+    line = progress_line(_job("queued", 0, 0), 4)
+    assert line.startswith("queued: waiting for a worker") and "4s elapsed" in line
