@@ -9,7 +9,7 @@ import hashlib
 import json
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from schemas import ClusterSpec, JobStatus, PlanOptions, ZooRef
@@ -41,19 +41,31 @@ def job_by_idempotency_key(session: Session, *, key: str) -> JobRow | None:
     return session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
 
 
-def active_job_for_request(session: Session, *, request_hash: str) -> JobRow | None:
-    """The oldest queued or running job (cancel not requested) made by an equal request."""
-    stmt = (
-        select(JobRow)
-        .where(
-            JobRow.request_hash == request_hash,
-            JobRow.status.in_(ACTIVE),
-            JobRow.cancel_requested.is_(False),
-        )
-        .order_by(JobRow.created_at, JobRow.id)
-        .limit(1)
+def active_job_for_request(
+    session: Session, *, request_hash: str, keyless: bool = False
+) -> JobRow | None:
+    """The oldest queued or running job (cancel not requested) made by an equal request;
+    with `keyless`, only among jobs that no Idempotency-Key names yet."""
+    stmt = select(JobRow).where(
+        JobRow.request_hash == request_hash,
+        JobRow.status.in_(ACTIVE),
+        JobRow.cancel_requested.is_(False),
     )
-    return session.scalars(stmt).first()
+    if keyless:
+        stmt = stmt.where(JobRow.idempotency_key.is_(None))
+    return session.scalars(stmt.order_by(JobRow.created_at, JobRow.id).limit(1)).first()
+
+
+def adopt_idempotency_key(session: Session, *, job_id: str, key: str) -> bool:
+    """Name a job that has no key yet by `key` (a request with a new key was answered with
+    it); False when another key named it first. IntegrityError when `key` names another."""
+    result = session.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.idempotency_key.is_(None))
+        .values(idempotency_key=key)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
 
 
 def set_job_request(

@@ -23,6 +23,7 @@ from server.routes.models import store_model
 from store import create_job
 from store.idempotency import (
     active_job_for_request,
+    adopt_idempotency_key,
     job_by_idempotency_key,
     request_hash,
     set_job_request,
@@ -79,28 +80,61 @@ def _same_key(job: JobRow, key: str, wanted_hash: str) -> JobRow:
     return job
 
 
+def _keyed_job(session: Session, key: str, wanted_hash: str) -> JobRow | None:
+    earlier = job_by_idempotency_key(session, key=key)
+    return None if earlier is None else _same_key(earlier, key, wanted_hash)
+
+
+def _reuse(session: Session, wanted_hash: str, key: str | None) -> JobRow | None:
+    """A queued or running job of an equal request; with a key, one no key names yet,
+    which the key names from now on (so a retry finds it even after it ends)."""
+    active = active_job_for_request(session, request_hash=wanted_hash, keyless=key is not None)
+    if active is None or key is None:
+        return active
+    with session.begin_nested():
+        adopted = adopt_idempotency_key(session, job_id=active.id, key=key)
+    return active if adopted else None
+
+
 def _queue(
     session: Session, body: PlanRequestBody, model_id: str | None, wanted_hash: str, key: str | None
-) -> JobRow | None:
-    """A new job, or None when a concurrent request took `key` first."""
-    try:
-        with session.begin_nested():
-            if body.model is not None:
-                model_id = store_model(session, body.model)[0].id
-            job = create_job(
-                session,
-                cluster=body.cluster,
-                options=body.options,
-                model_id=model_id,
-                zoo_name=body.zoo.name if body.zoo is not None else None,
-                zoo_config=dict(body.zoo.config) if body.zoo is not None else None,
-            )
-            set_job_request(session, job=job, request_hash=wanted_hash, idempotency_key=key)
-            return job
-    except IntegrityError:
-        if key is None:
-            raise
-        return None
+) -> JobRow:
+    with session.begin_nested():
+        if body.model is not None:
+            model_id = store_model(session, body.model)[0].id
+        job = create_job(
+            session,
+            cluster=body.cluster,
+            options=body.options,
+            model_id=model_id,
+            zoo_name=body.zoo.name if body.zoo is not None else None,
+            zoo_config=dict(body.zoo.config) if body.zoo is not None else None,
+        )
+        set_job_request(session, job=job, request_hash=wanted_hash, idempotency_key=key)
+    return job
+
+
+def _find_or_queue(
+    session: Session,
+    body: PlanRequestBody,
+    model_id: str | None,
+    key: str | None,
+    new: bool,
+) -> tuple[JobRow, DedupReason | None]:
+    """The job that answers the request, and why it is an existing one (None: it is new).
+    IntegrityError when a concurrent request took `key` first."""
+    wanted_hash = request_hash(
+        cluster=body.cluster, options=body.options, model_id=model_id, zoo=body.zoo
+    )
+    if key is not None:
+        earlier = _keyed_job(session, key, wanted_hash)
+        if earlier is not None:
+            return earlier, "idempotency_key"
+    if not new:
+        reused = _reuse(session, wanted_hash, key)
+        if reused is not None:
+            return reused, "identical_request"
+    return _queue(session, body, model_id, wanted_hash, key), None
 
 
 @router.post(
@@ -158,24 +192,16 @@ def submit_plan(
     number of stage candidates (layer ranges × submeshes × sharding configs), at most
     `STAGEPROF_MAX_CANDIDATES` (default 20000)."""
     model_id = check_plan_request(body, session)
-    wanted_hash = request_hash(
-        cluster=body.cluster, options=body.options, model_id=model_id, zoo=body.zoo
-    )
-    if idempotency_key is not None:
-        earlier = job_by_idempotency_key(session, key=idempotency_key)
-        if earlier is not None:
-            job = _same_key(earlier, idempotency_key, wanted_hash)
-            return _answer(job, response, created=False, by="idempotency_key")
-    if not new:
-        active = active_job_for_request(session, request_hash=wanted_hash)
-        if active is not None:
-            return _answer(active, response, created=False, by="identical_request")
-    queued = _queue(session, body, model_id, wanted_hash, idempotency_key)
-    if queued is None:
-        assert idempotency_key is not None
-        earlier = job_by_idempotency_key(session, key=idempotency_key)
+    try:
+        job, reason = _find_or_queue(session, body, model_id, idempotency_key, new)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        wanted_hash = request_hash(
+            cluster=body.cluster, options=body.options, model_id=model_id, zoo=body.zoo
+        )
+        earlier = _keyed_job(session, idempotency_key, wanted_hash)
         if earlier is None:
-            raise Conflict(f"{IDEMPOTENCY_KEY} {idempotency_key!r} is being used; retry")
-        job = _same_key(earlier, idempotency_key, wanted_hash)
-        return _answer(job, response, created=False, by="idempotency_key")
-    return _answer(queued, response, created=True)
+            raise Conflict(f"{IDEMPOTENCY_KEY} {idempotency_key!r} is in use; retry") from None
+        job, reason = earlier, "idempotency_key"
+    return _answer(job, response, created=reason is None, by=reason)
