@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -293,3 +294,23 @@ def test_tracing_plain_jax_does_not_import_flax() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_flax_gpt_example_plans_end_to_end() -> None:
+    """examples/flax_gpt.py: trace, start a local server and worker, plan, print the stages."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "flax_gpt.py"
+    out = subprocess.run(
+        [sys.executable, str(example), "--blocks", "2", "--hidden", "32"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[1] for line in lines[:4]] == ["wte", "h_0", "h_1", "ln_f"]
+    assert lines[1].split()[-1] == lines[2].split()[-1]  # the blocks' fingerprint
+    stages = [line.split()[1] for line in lines if line.startswith("stage ")]
+    assert stages and stages[0].startswith("wte..") and stages[-1].endswith("..ln_f")
+    assert "stages measured" in out.stdout and "predicted iteration" in out.stdout
