@@ -140,6 +140,8 @@ def test_nnx_model_is_embedding_blocks_and_head() -> None:
     assert spec.layers[0].fingerprint != spec.layers[1].fingerprint
     assert spec.layers[-1].outputs[0].name == spec.loss
     assert_roundtrip(spec, loss, params, batch, cuts=(2,))
+    picked = client.trace(loss, params, batch, scopes="layers/*")
+    assert [layer.name for layer in picked.layers] == names
 
 
 @pytest.mark.parametrize("pattern", ["h_*", "GPT/h_*", "h_?"])
