@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -28,13 +29,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Libraries whose start-up warnings (Ray's token notice, jax's backend probing, XLA's C++
+# logs) say nothing a stageprof user can act on; `--verbose` shows them.
+QUIET_LOGGERS: tuple[str, ...] = ("ray", "jax._src.xla_bridge", "absl")
+
+
+def quiet_libraries() -> None:
+    """Only errors from Ray, jax's backend set-up and XLA's C++ logging."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.func(args) or 0)
+    if not args.verbose:
+        quiet_libraries()
+    from client.sdk import StageprofError
+
+    try:
+        return int(args.func(args) or 0)
+    except StageprofError as err:
+        print(f"stageprof {args.command}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

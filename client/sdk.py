@@ -5,13 +5,15 @@
         job = api.wait_for_job(ref.job_id)
         plan = api.get_plan(job.id)
 
-The token comes from `token=` or `STAGEPROF_API_TOKEN`. Error answers raise `ApiError`
-subclasses carrying the status code and the server's `detail`.
+The token comes from `token=` or `STAGEPROF_API_TOKEN`. Every failure raises a
+`StageprofError` with a readable message: `ServerUnreachable` when the server cannot be
+reached, `ApiError` subclasses (with the status code and the server's `detail`) for error
+answers, `JobTimeout` when a `wait_for_job` timeout given by the caller runs out.
 """
 
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -33,13 +35,49 @@ TOKEN_ENV = "STAGEPROF_API_TOKEN"
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-class ApiError(Exception):
-    """An error answer: `status_code` and the server's `detail` (a string or field errors)."""
+class StageprofError(Exception):
+    """Anything that went wrong talking to a stageprof server; `str()` is one readable line."""
 
-    def __init__(self, status_code: int, detail: Any) -> None:
-        super().__init__(f"{status_code}: {detail}")
+
+class ServerUnreachable(StageprofError):
+    """The server did not answer: refused, timed out, or the name does not resolve."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"cannot reach the server at {url}: {reason} (is `stageprof serve` running there?)"
+        )
+        self.url = url
+
+
+class JobTimeout(StageprofError, TimeoutError):
+    """`wait_for_job(timeout_s=...)` ran out while the job was still running."""
+
+
+class ApiError(StageprofError):
+    """An error answer: `status_code`, the server's `detail` (a string or field errors) and
+    the request it answered (`method`, `url`)."""
+
+    def __init__(self, status_code: int, detail: Any, method: str = "", url: str = "") -> None:
+        where = f"{method} {url} " if url else ""
+        super().__init__(f"{where}answered {status_code}: {describe_detail(detail)}")
         self.status_code = status_code
         self.detail = detail
+        self.method = method
+        self.url = url
+
+
+def describe_detail(detail: Any) -> str:
+    """The server's error body as one line: field errors as `field: reason; ...`."""
+    if isinstance(detail, list):
+        parts = []
+        for err in detail:
+            if isinstance(err, dict):
+                field = err.get("field") or ".".join(str(p) for p in err.get("loc", []))
+                parts.append(f"{field}: {err.get('msg', '')}" if field else str(err.get("msg")))
+            else:
+                parts.append(str(err))
+        return "; ".join(parts)
+    return " ".join(str(detail).split())
 
 
 class AuthError(ApiError):
@@ -115,6 +153,7 @@ class StageprofClient:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        self.base_url = base_url
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         headers = {"Accept": "application/json"}
         if token:
@@ -133,13 +172,18 @@ class StageprofClient:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = self._http.request(method, path, **kwargs)
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            raise ServerUnreachable(self.base_url, _reason(err)) from err
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail")
+                body = response.json()
+                detail = body.get("detail", body) if isinstance(body, dict) else body
             except ValueError:
-                detail = response.text
-            raise _ERRORS.get(response.status_code, ApiError)(response.status_code, detail)
+                detail = response.text or response.reason_phrase
+            error = _ERRORS.get(response.status_code, ApiError)
+            raise error(response.status_code, detail, method, str(response.request.url))
         return response
 
     # Models
@@ -203,16 +247,32 @@ class StageprofClient:
     def cancel_job(self, job_id: str) -> Job:
         return Job.model_validate(self._request("DELETE", f"/v1/jobs/{job_id}").json())
 
-    def wait_for_job(self, job_id: str, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> Job:
-        """Poll until the job is done, failed or cancelled; TimeoutError after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
+    def wait_for_job(
+        self,
+        job_id: str,
+        *,
+        timeout_s: float | None = None,
+        poll_s: float = 1.0,
+        on_progress: Callable[[Job], None] | None = None,
+    ) -> Job:
+        """Poll until the job is done, failed or cancelled, however long that takes.
+
+        `on_progress(job)` is called on every poll whose status or counts changed. With
+        `timeout_s`, `JobTimeout` (a `TimeoutError`) once that many seconds have passed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        seen: tuple[Any, ...] | None = None
         while True:
             job = self.get_job(job_id)
+            state = (job.status, job.progress)
+            if on_progress is not None and state != seen:
+                on_progress(job)
+            seen = state
             if job.status.finished:
                 return job
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"job {job_id} is still {job.status} after {timeout_s} s")
-            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(f"job {job_id} is still {job.status.value} after {timeout_s} s")
+            wait = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            time.sleep(max(0.0, wait))
 
     def get_plan(self, job_id: str) -> Plan:
         """The plan of a done job (ConflictError before that)."""
@@ -260,6 +320,14 @@ class StageprofClient:
 
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/healthz").json()
+
+
+def _reason(err: httpx.TransportError) -> str:
+    if isinstance(err, httpx.ConnectError):
+        return "connection refused" if "refused" in str(err).lower() else f"cannot connect ({err})"
+    if isinstance(err, httpx.TimeoutException):
+        return "no answer in time"
+    return str(err) or type(err).__name__
 
 
 def _params(filters: Mapping[str, Any]) -> dict[str, Any]:

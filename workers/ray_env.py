@@ -16,10 +16,14 @@ logger = logging.getLogger(__name__)
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
-def connect_ray(num_cpus: int | None = None) -> None:
-    """Join `RAY_ADDRESS` when set, else start a local Ray with this machine's CPUs."""
+def connect_ray(num_cpus: int | None = None, *, verbose: bool = False) -> None:
+    """Join `RAY_ADDRESS` when set, else start a local Ray with this machine's CPUs. Ray's
+    own start-up notices are shown only when `verbose`."""
     if ray.is_initialized():
         return
+    # Importing ray set its logger to INFO; its notices (e.g. about token authentication,
+    # which stays on) say nothing a stageprof user can act on.
+    logging.getLogger("ray").setLevel(logging.INFO if verbose else logging.ERROR)
     address = os.environ.get(RAY_ADDRESS_ENV, "").strip()
     if address:
         logger.info("joining the Ray cluster at %s", address)

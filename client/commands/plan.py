@@ -122,7 +122,7 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         console.width = max(console.width, 120)
     started = time.monotonic()
     console.print("connecting to Ray and loading the model", highlight=False)
-    connect_ray()  # before jax is imported: Ray forks its processes
+    connect_ray(verbose=args.verbose)  # before jax is imported: Ray forks its processes
     try:
         spec = load_model(args)
         options.check_micro_batch(spec.micro_batch_size)

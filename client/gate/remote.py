@@ -5,11 +5,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
-
 from client.gate.recost import remeasure
 from client.gate.source import GateError, TodayRun
-from client.sdk import ApiError, StageprofClient
+from client.sdk import ServerUnreachable, StageprofClient, StageprofError
 from schemas import Job, PlannedStage, PlanRequest, StageProfileResult
 
 POLL_S = 1.0
@@ -56,10 +54,10 @@ def run_remote(
             job = _wait(api, job_id, wait_timeout_s, say)
             plan = api.get_plan(job_id) if job.has_plan else None
             remeasured = remeasure(ApiProfiles(api), job_id, baseline_stages)
-    except httpx.TransportError as err:
-        raise GateError(f"cannot reach the server at {server}: {_one_line(err)}") from err
-    except ApiError as err:
-        raise GateError(f"the server at {server} answered {_one_line(err)}") from err
+    except ServerUnreachable as err:
+        raise GateError(_one_line(err)) from err
+    except StageprofError as err:
+        raise GateError(f"the server at {server}: {_one_line(err)}") from err
     error = None if plan is not None else f"job {job_id} {job.status.value}: {job.error}"
     return TodayRun(
         job_id=job_id,

@@ -107,3 +107,5 @@ def test_plan_through_a_pipe_prints_a_line_at_least_every_10_s(tmp_path: Path) -
     gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
     assert max(gaps, default=0) < 12, list(zip(during, gaps, strict=False))
     assert not any("\x1b[" in s for _, s in stamps)
+    noise = [s for _, s in stamps if "WARNING" in s or "Token authentication" in s]
+    assert not noise, noise  # quiet by default: library warnings only with --verbose

@@ -1,5 +1,7 @@
 """The client SDK against the live server: schemas in, schemas out, errors as exceptions."""
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,13 +13,17 @@ from client.sdk import (
     AuthError,
     ConflictError,
     InvalidRequest,
+    JobTimeout,
     NotFoundError,
+    ServerUnreachable,
     StageprofClient,
+    StageprofError,
 )
 from schemas import ClusterSpec, JobStatus, PlanOptions
 from store import finish_job, session_scope
 from tests.server.factories import chain_spec, make_plan, seed_job
 from tests.server.live import LiveServer
+from tests.server.test_serve_cli import free_port
 
 
 @pytest.fixture
@@ -111,3 +117,53 @@ def test_token_from_the_environment(
         monkeypatch.setenv("STAGEPROF_API_TOKEN", token)
         with StageprofClient(srv.url) as client:
             assert client.put_model(chain_spec(num_layers=2)).created
+
+
+def test_wait_for_job_waits_until_the_end_by_default_and_reports_progress(
+    sdk: StageprofClient, db: sessionmaker[Session]
+) -> None:
+    seeded = seed_job(db, num_layers=4, finished=False)
+
+    def finish() -> None:
+        time.sleep(2.5)  # longer than several polls: no default timeout may fire
+        with session_scope(db) as s:
+            plan = make_plan(4, 4, "fp")
+            finish_job(s, job_id=seeded.job_id, owner=None, status=JobStatus.done, plan=plan)
+
+    seen: list[JobStatus] = []
+    t = threading.Thread(target=finish)
+    t.start()
+    job = sdk.wait_for_job(seeded.job_id, poll_s=0.2, on_progress=lambda j: seen.append(j.status))
+    t.join()
+    assert job.status == JobStatus.done
+    assert seen[-1] == JobStatus.done and len(seen) >= 2 and seen[0] != JobStatus.done
+    with pytest.raises(JobTimeout, match="still"):
+        sdk.wait_for_job(seed_job(db, num_layers=2, finished=False).job_id, timeout_s=0.2)
+
+
+def test_errors_are_one_readable_family(sdk: StageprofClient, live_server: LiveServer) -> None:
+    with pytest.raises(InvalidRequest) as bad:
+        sdk.submit_plan(zoo="gpt", zoo_config={"layers": 3})
+    text = str(bad.value)
+    assert isinstance(bad.value, StageprofError)
+    assert f"POST {live_server.url}/v1/plans" in text and "422" in text
+    assert "zoo.config.layers:" in text and "\n" not in text
+    port = free_port()
+    with StageprofClient(f"http://127.0.0.1:{port}") as nobody:
+        with pytest.raises(ServerUnreachable) as down:
+            nobody.health()
+    assert f"127.0.0.1:{port}" in str(down.value) and "refused" in str(down.value)
+
+
+def test_cli_prints_one_line_when_the_server_is_down() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    out = subprocess.run(
+        [sys.executable, "-m", "client.cli", "plan", "--server", url, "--zoo", "mlp"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert url in errors[0] and "cannot reach" in errors[0]
