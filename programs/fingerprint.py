@@ -30,6 +30,7 @@ _MODULE_NAME = re.compile(r"^module @[\w.$-]+", re.MULTILINE)
 _DEFINED = re.compile(r"func\.func (?:public |private |nested )?@([\w.$-]+)\(")
 _CACHE_SIZE = 4096
 _by_programs: OrderedDict[str, str] = OrderedDict()
+_by_program: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
 
 def canonical_module(exported: jax.export.Exported) -> str:
@@ -49,8 +50,22 @@ def canonical_module(exported: jax.export.Exported) -> str:
     return text
 
 
-def _program_facts(exported: jax.export.Exported) -> dict[str, Any]:
-    """What the module text leaves to the `Exported` wrapper."""
+def _program_facts(text: str) -> dict[str, Any]:
+    """The canonical module's hash and what the module leaves to the `Exported` wrapper,
+    cached by the program's text (identical layers share their program bytes)."""
+    key = hashlib.sha256(text.encode("ascii", errors="replace")).hexdigest()
+    facts = _by_program.get(key)
+    if facts is None:
+        facts = _facts(load_program(text))
+        _by_program[key] = facts
+        if len(_by_program) > _CACHE_SIZE:
+            _by_program.popitem(last=False)
+    else:
+        _by_program.move_to_end(key)
+    return facts
+
+
+def _facts(exported: jax.export.Exported) -> dict[str, Any]:
     return {
         "module_sha256": hashlib.sha256(canonical_module(exported).encode()).hexdigest(),
         "in_avals": [_aval(a) for a in exported.in_avals],
@@ -93,8 +108,8 @@ def layer_fingerprint(layer: LayerSpec) -> str:
     ]
     payload = {
         "version": FINGERPRINT_VERSION,
-        "forward": _program_facts(load_program(layer.forward)),
-        "backward": _program_facts(load_program(layer.backward)),
+        "forward": _program_facts(layer.forward),
+        "backward": _program_facts(layer.backward),
         "params": [[list(p.shape), p.dtype, list(p.logical_axes or [])] for p in layer.params],
         "inputs": _vars(list(layer.inputs)),
         "outputs": _vars(list(layer.outputs)),

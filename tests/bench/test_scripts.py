@@ -99,3 +99,10 @@ def test_stage_fidelity() -> None:
     assert remat["backward_flops"] > plain["backward_flops"]
     deterministic = {c["check"]: c["ok"] for c in out["checks"] if "FLOPs" in c["check"]}
     assert deterministic and all(deterministic.values()), out["checks"]
+
+
+def test_upload_check() -> None:
+    out = run_script("upload_check.py", "--blocks", "2", "--quick")
+    assert out["fingerprints_equal"] is True and out["problems"] == 0
+    assert out["backends_initialised"] == []  # the server's check touches no device
+    assert out["distinct_program_pairs"] == 3 and out["layers"] == 4
