@@ -147,9 +147,9 @@ def level_segments(paths: Sequence[ScopePath], level: Level) -> list[tuple[str, 
     """Cut equations into contiguous `(name, lo, hi)` layers at `level`.
 
     Unscoped equations join the layer before them (or the first when they lead). Layers are
-    named by their scope below the top level (`h_0`, `layers/0`; the top-level name at depth
-    1); the rest by the first module in them (`wte`). A name that comes back after another
-    layer is `name.1`, `name.2`, ...
+    named by their scope path below the top level (`h_0`, `layers/0`; the whole path when
+    blocks lie under several top-level scopes); the rest by the first module in them
+    (`wte`). A name that comes back after another layer is `name.1`, `name.2`, ...
     """
     runs: list[tuple[ScopePath, int]] = []
     for i, p in enumerate(paths):
@@ -159,22 +159,24 @@ def level_segments(paths: Sequence[ScopePath], level: Level) -> list[tuple[str, 
     if not runs:
         return [("layer0", 0, len(paths))]
     bounds = [0] + [lo for _, lo in runs[1:]] + [len(paths)]
+    # Blocks under several top-level scopes (two models called): names keep the top level.
+    skip = 1 if len({key[0] for key, _ in runs if len(key) > 1}) <= 1 else 0
     segments: list[tuple[str, int, int]] = []
     seen: dict[str, int] = {}
     for (key, _), lo, hi in zip(runs, bounds, bounds[1:], strict=False):
-        name = _segment_name(key, paths[lo:hi], level.depth)
+        name = _segment_name(key, paths[lo:hi], level.depth, skip)
         count = seen.get(name, 0)
         seen[name] = count + 1
         segments.append((name if count == 0 else f"{name}.{count}", lo, hi))
     return segments
 
 
-def _segment_name(key: ScopePath, paths: Sequence[ScopePath], depth: int) -> str:
+def _segment_name(key: ScopePath, paths: Sequence[ScopePath], depth: int, skip: int) -> str:
     if len(key) > 1:
-        return "/".join(key[1:])
+        return "/".join(key[skip:])
     for p in paths:
         if p[:1] == key and len(p) > 1 and depth > 1:
-            return "/".join(p[1:depth])
+            return "/".join(p[skip:depth])
     return key[0]
 
 

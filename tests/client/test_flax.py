@@ -277,6 +277,9 @@ def test_auto_level_prefers_the_blocks_that_hold_the_flops() -> None:
     ]
     tie = [("a", "b0", "c0"), ("a", "b0", "c1"), ("a", "b1", "c0"), ("a", "b1", "c1")]
     assert choose_level(tie, [1.0] * 4, None).depth == 2
+    two = [("enc", "layers_0"), ("enc", "layers_1"), ("dec", "layers_0"), ("dec", "layers_1")]
+    names = [s[0] for s in level_segments(two, choose_level(two, [1.0] * 4, None))]
+    assert names == ["enc/layers_0", "enc/layers_1", "dec/layers_0", "dec/layers_1"]
     markers = [("embed",), ("block0",), ("block1",), ("head",), ()]
     assert choose_level(markers, [1.0] * 5, None).depth == 1
     assert [s[0] for s in level_segments(markers, Level(1))] == [
