@@ -2,6 +2,10 @@
 local Ray) and, once it is gone however it died (kill -9 included), stop every process of
 its Ray session, so that no Ray process survives the worker by more than a second or two.
 
+The session's processes are those whose command line names the session, and every
+descendant of PID seen while it lived: Ray's agents rename themselves (`ray::DashboardAgent`)
+and ignore SIGTERM, so they are found by ancestry and killed with SIGKILL after a grace.
+
 Started by `workers.ray_env.connect_ray` in a session of its own, so that a signal to the
 worker's process group does not reach it."""
 
@@ -12,7 +16,7 @@ import time
 from pathlib import Path
 
 POLL_S = 0.5
-TERM_GRACE_S = 3.0
+TERM_GRACE_S = 1.0
 
 
 def _start_time(pid: int) -> str | None:
@@ -42,15 +46,43 @@ def session_pids(session: str) -> list[int]:
     return found
 
 
-def stop_session(session: str) -> int:
-    """SIGTERM the session's processes, SIGKILL those still there after a grace; how many."""
-    pids = session_pids(session)
+def descendants(pid: int) -> set[tuple[int, str]]:
+    """(pid, start time) of every live descendant of `pid`."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
+    found: set[tuple[int, str]] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child[0])
+    return found
+
+
+def stop_session(session: str, known: set[tuple[int, str]] | None = None) -> int:
+    """SIGTERM the session's processes (and `known` ones still alive, same start time),
+    SIGKILL those still there after a grace; how many there were."""
+
+    def alive() -> list[int]:
+        mine = {p for p, started in known or () if _start_time(p) == started}
+        return sorted(mine | set(session_pids(session)))
+
+    pids = alive()
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
-    while time.monotonic() < deadline and any(_start_time(p) for p in pids):
+    while time.monotonic() < deadline and alive():
         time.sleep(0.1)
-    for pid in session_pids(session):
+    for pid in alive():
         _signal(pid, signal.SIGKILL)
     return len(pids)
 
@@ -65,9 +97,12 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 def main(argv: list[str]) -> int:
     parent, session = int(argv[0]), argv[1]
     started = _start_time(parent)
+    known: set[tuple[int, str]] = set()
     while started is not None and _start_time(parent) == started:
+        known |= descendants(parent)
         time.sleep(POLL_S)
-    stop_session(session)
+    known.discard((os.getpid(), _start_time(os.getpid()) or ""))
+    stop_session(session, known)
     return 0
 
 

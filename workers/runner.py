@@ -55,7 +55,8 @@ class RunnerConfig:
     heartbeat_seconds: float = 3.0
     # How often the heartbeat thread looks for a cancel (a read), seconds.
     cancel_check_seconds: float = 1.0
-    poll_seconds: float = 1.0
+    # How long the measuring loop waits for a result before it looks at its stop signals.
+    poll_seconds: float = 0.5
     num_workers: int | None = None
     devices_per_worker: int | None = None
     use_gpus: bool = False

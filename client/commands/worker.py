@@ -5,8 +5,11 @@ import logging
 import os
 import signal
 import threading
+from typing import Any
 
 logger = logging.getLogger(__name__)
+
+RAY_SHUTDOWN_BUDGET_S = 2.0
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +82,6 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.INFO)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     url = args.database_url or database_url()
     if url.startswith("sqlite"):
         upgrade(url)
@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     engine_args = {} if url.startswith("sqlite") else {"connect_args": {"connect_timeout": 5}}
     sessions = make_sessionmaker(make_engine(url, **engine_args))
     connect_ray()
+    # After Ray: its start-up installs a SIGTERM handler that aborts the process.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     runner = JobRunner(
         sessions,
         runner_config(args),
@@ -105,4 +109,17 @@ def run(args: argparse.Namespace) -> int:
         logger.info("worker %s stopped", runner.config.owner)
         return 0
     finally:
-        ray.shutdown()
+        _shutdown_ray(ray)
+
+
+def _shutdown_ray(ray: Any) -> None:
+    """Stop Ray, within `RAY_SHUTDOWN_BUDGET_S`: past it the process exits anyway and its
+    Ray watchdog (`workers.ray_watchdog`) stops what is left, so SIGTERM takes effect
+    within seconds even on a loaded machine."""
+    done = threading.Thread(target=ray.shutdown, daemon=True)
+    done.start()
+    done.join(RAY_SHUTDOWN_BUDGET_S)
+    if done.is_alive():
+        logger.warning("Ray did not stop within %g s; exiting", RAY_SHUTDOWN_BUDGET_S)
+        logging.shutdown()
+        os._exit(0)
