@@ -9,10 +9,11 @@ import hashlib
 import json
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from schemas import ClusterSpec, JobStatus, PlanOptions, ZooRef
+from store.engine import is_postgres
 from store.tables import JobRow
 
 ACTIVE = (JobStatus.queued.value, JobStatus.profiling.value, JobStatus.planning.value)
@@ -34,6 +35,15 @@ def request_hash(
     }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def lock_request(session: Session, *, request_hash: str) -> None:
+    """Serialize equal requests until this transaction ends, so that of several identical
+    requests racing, one queues the job and the others find it. SQLite needs nothing: a
+    write request holds the database's write lock from its first statement."""
+    if is_postgres(session):
+        key = int(request_hash[:15], 16)  # 60 bits: a positive bigint
+        session.execute(select(func.pg_advisory_xact_lock(key)))
 
 
 def job_by_idempotency_key(session: Session, *, key: str) -> JobRow | None:

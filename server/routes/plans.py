@@ -25,6 +25,7 @@ from store.idempotency import (
     active_job_for_request,
     adopt_idempotency_key,
     job_by_idempotency_key,
+    lock_request,
     request_hash,
     set_job_request,
 )
@@ -131,6 +132,7 @@ def _find_or_queue(
         if earlier is not None:
             return earlier, "idempotency_key"
     if not new:
+        lock_request(session, request_hash=wanted_hash)
         reused = _reuse(session, wanted_hash, key)
         if reused is not None:
             return reused, "identical_request"

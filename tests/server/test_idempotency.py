@@ -143,6 +143,27 @@ def test_concurrent_requests_with_one_key_make_one_job(
     assert _jobs(api, row_counts) == (1, 1)
 
 
+def test_concurrent_identical_requests_make_one_job(
+    api: httpx.Client, live_server: LiveServer, row_counts: RowCounts
+) -> None:
+    answers: list[httpx.Response] = []
+    start = threading.Barrier(6)
+
+    def post() -> None:
+        with httpx.Client(base_url=live_server.url, timeout=60) as client:
+            start.wait()
+            answers.append(_post(client, GPT))
+
+    threads = [threading.Thread(target=post) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.status_code for r in answers) == [200] * 5 + [202], [r.text for r in answers]
+    assert {r.json()["deduplicated_by"] for r in answers} == {None, "identical_request"}
+    assert _jobs(api, row_counts) == (1, 1)
+
+
 def test_the_sdk_sends_the_key(api: httpx.Client, live_server: LiveServer) -> None:
     cluster = ClusterSpec(num_hosts=1, devices_per_host=2)
     with StageprofClient(live_server.url, token="") as sdk:
