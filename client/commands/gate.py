@@ -3,13 +3,13 @@ committed baseline plan; the exit code is the CI verdict. The rules are in clien
 
 import argparse
 import dataclasses
-import functools
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -45,15 +45,19 @@ to alter the plan. Today's measurements of the baseline's stages come from today
 """
 
 
+class _NoHelpParser(argparse.ArgumentParser):
+    """A parser without -h, usable as a parent of one that has it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(add_help=False, **kwargs)
+
+
 def _plan_parser() -> argparse.ArgumentParser:
     """`stageprof plan`'s own parser (built apart, without -h): the gate takes every flag of
     it as a parent, so the two commands cannot drift apart."""
-    holder = argparse.ArgumentParser(add_help=False)
-    sub = holder.add_subparsers(
-        parser_class=functools.partial(argparse.ArgumentParser, add_help=False)
-    )
     from client.commands import plan
 
+    sub = argparse.ArgumentParser(add_help=False).add_subparsers(parser_class=_NoHelpParser)
     plan.register(sub)
     return sub.choices["plan"]
 

@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from client.gate.recost import remeasure
 from client.gate.source import GateError, TodayRun
 from schemas import ClusterSpec, ModelSpec, PlannedStage, PlanOptions, StageProfileResult
@@ -65,12 +67,16 @@ def run_local(
     except ValueError as err:
         raise GateError(str(err)) from err
     url = args.database_url or database_url()
-    if url.startswith("sqlite"):
-        upgrade(url)
-    sessions = make_sessionmaker(make_engine(url))
-    with scope(sessions) as s:
-        model, _ = put_model(s, spec=spec)
-        job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
+    try:
+        if url.startswith("sqlite"):
+            upgrade(url)
+        sessions = make_sessionmaker(make_engine(url))
+        with scope(sessions) as s:
+            model, _ = put_model(s, spec=spec)
+            job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
+    except SQLAlchemyError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise GateError(f"cannot use the store: {first}") from err
     say(f"planning {spec.name} ({spec.num_layers} layers) embedded; job {job_id}")
     outcome = JobRunner(sessions, runner_config(args)).run_next(job_id)
     if outcome is None:

@@ -1,0 +1,85 @@
+"""Today's measurements of the baseline's stages, from a real job's profile table: read from
+the store (embedded gate) and through the API of the live server (`--server`), the same."""
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from client.gate.local import StoreProfiles
+from client.gate.recost import remeasure
+from client.gate.remote import ApiProfiles
+from client.gate.verdict import Remeasured
+from client.sdk import StageprofClient
+from schemas import PlannedStage, ProfileStatus, ShardingConfig, SubmeshShape
+from server import Settings
+from tests.server.factories import seed_job
+from tests.server.live import LiveServer
+
+# seed_job's 1x2 cluster: submesh 0 is 1x1 (data); submesh 1 is 1x2 (2x1 data, 1x2 megatron)
+MESHES = {
+    (0, 0): ((1, 1), (1, 1), "data"),
+    (1, 0): ((1, 2), (2, 1), "data"),
+    (1, 1): ((1, 2), (1, 2), "megatron"),
+}
+
+
+def planned(start: int, end: int, submesh_id: int, config_id: int) -> PlannedStage:
+    """A baseline stage with these ids, on the submesh and config they name in the job."""
+    submesh, mesh, strategy = MESHES[(submesh_id, config_id)]
+    return PlannedStage(
+        start=start,
+        end=end,
+        layer_names=[f"chain_layer{i}" for i in range(start, end + 1)],
+        submesh_id=submesh_id,
+        config_id=config_id,
+        submesh=SubmeshShape(hosts=submesh[0], devices_per_host=submesh[1]),
+        config=ShardingConfig(logical_mesh=mesh, strategy=strategy),  # type: ignore[arg-type]
+        forward_cost=0.001,
+        backward_cost=0.002,
+        compute_cost=0.003,
+    )
+
+
+@pytest.fixture(scope="module")
+def live(db_url: str) -> Iterator[LiveServer]:
+    with LiveServer(Settings(database_url=db_url)) as srv:
+        yield srv
+
+
+def describe(got: Remeasured) -> str:
+    if got.result is None:
+        return f"missing: {got.missing}"
+    return f"{got.result.status.value} {got.result.submesh} peak {got.result.peak_memory}"
+
+
+def test_baseline_stages_are_found_in_todays_job_or_say_why_not(
+    committing: sessionmaker[Session], live: LiveServer
+) -> None:
+    # 4 layers: the first half of the candidates recorded, the last 3 pruned, the rest pending
+    job = seed_job(committing, num_layers=4, finished=False, recorded_fraction=0.5, pruned=3)
+    moved = planned(0, 1, 1, 0).model_copy(
+        update={"submesh": SubmeshShape(hosts=1, devices_per_host=1)}
+    )
+    stages = [
+        planned(0, 1, 1, 0),  # measured ok on 1x2
+        planned(0, 3, 0, 0),  # the whole model on one device: oom
+        planned(3, 3, 1, 1),  # pruned
+        planned(2, 3, 0, 0),  # never measured: pending
+        planned(0, 5, 0, 0),  # not a candidate (the model has 4 layers)
+        moved,  # the ids name another submesh in today's job
+    ]
+    expected = [
+        "ok 1x2 peak 1000",
+        "oom 1x1 peak 0",
+        "missing: pruned: today's job found it could not be in a better plan",
+        "missing: still pending when today's job ended",
+        "missing: not a stage candidate of today's job",
+        "missing: today's candidate with these ids is 1x2 as 2x1/data",
+    ]
+    from_store = remeasure(StoreProfiles(committing), job.job_id, stages)
+    assert [describe(r) for r in from_store] == expected
+    assert from_store[1].result is not None and from_store[1].result.status == ProfileStatus.oom
+    with StageprofClient(live.url) as api:
+        from_api = remeasure(ApiProfiles(api), job.job_id, stages)
+    assert from_api == from_store
