@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from planner.candidates import enumerate_candidates
-from schemas import ClusterSpec, PlanOptions
+from schemas import ClusterSpec, LayerSpec, ModelSpec, PlanOptions
 from schemas.candidate_count import count_candidates
 from schemas.limits import DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_ENV, max_candidates
 from server.zoo_limits import DEFAULTS, MAX_VALUES, PRESETS, WRESNET_BLOCKS, spec_shape
@@ -48,10 +48,35 @@ def refused(
     return msg
 
 
+def _long_chain(num_layers: int) -> ModelSpec:
+    """`chain_spec` of `num_layers` layers, its middle layers sharing one exported program
+    (exporting 1024 distinct layers would take most of a minute)."""
+    first, middle, last = chain_spec(num_layers=3, width=2).layers
+
+    def wired(layer: LayerSpec, i: int, prev: str, out: str) -> LayerSpec:
+        names = {layer.inputs[0].name: prev}
+        return layer.model_copy(
+            update={
+                "name": f"chain_layer{i}",
+                "inputs": [layer.inputs[0].model_copy(update={"name": prev})],
+                "outputs": [layer.outputs[0].model_copy(update={"name": out})],
+                "params": [layer.params[0].model_copy(update={"name": f"w{i}"})],
+                "saved": [names.get(n, n) for n in layer.saved],
+                "grad_inputs": [names.get(n, n) for n in layer.grad_inputs],
+            }
+        )
+
+    n = num_layers
+    layers = [first, *(wired(middle, i, f"h{i - 1}", f"h{i}") for i in range(1, n - 1))]
+    layers.append(wired(last, n - 1, f"h{n - 2}", "loss"))
+    spec = chain_spec(num_layers=3, width=2)
+    return ModelSpec(name="long", inputs=spec.inputs, layers=layers, loss="loss")
+
+
 def test_a_1024_layer_model_is_refused_with_its_count_and_the_cap(
     api: httpx.Client, row_counts: RowCounts
 ) -> None:
-    spec = chain_spec(num_layers=1024, width=2)
+    spec = _long_chain(1024)
     count = count_candidates(1024, ClusterSpec(**CLUSTER), PlanOptions(), spec.micro_batch_size)
     assert count.exact and count.total > DEFAULT_MAX_CANDIDATES
     body = {"model": spec.model_dump(mode="json"), "cluster": CLUSTER}
