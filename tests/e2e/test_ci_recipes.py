@@ -146,4 +146,10 @@ def test_gitlab_publishes_the_junit_report_and_tears_down_in_after_script() -> N
     # The gate's exit code survives copying the reports out: 1 fails the job.
     assert gitlab_gate_command().rstrip().endswith("|| status=$?")
     assert script[-1] == "exit $status"
-    assert any(s.startswith("docker cp stageprof-gate:/gate/reports") for s in script)
+    workdir = shlex.split(gitlab_gate_command())[shlex.split(gitlab_gate_command()).index("-w") + 1]
+    assert f"docker cp stageprof-gate:{workdir}/reports ./reports" in script
+    baseline_in = f"stageprof-gate:{workdir}/{gate.baseline}"
+    assert any(s.startswith("docker cp ci/") and s.endswith(baseline_in) for s in script)
+    # The image's user (Dockerfile USER) owns that directory: its home.
+    user = re.findall(r"^USER (\S+)$", (ROOT / "Dockerfile").read_text(), re.M)[-1]
+    assert workdir.startswith(f"/home/{user}/")

@@ -114,3 +114,46 @@ def test_the_recipe_gate_passes_fails_and_cannot_decide(tmp_path: Path) -> None:
         assert down.stderr.startswith(f"stageprof gate: cannot reach the server at {base}")
         (error,) = ET.parse(junit).getroot().iter("error")
         assert "cannot reach the server" in (error.get("message") or "")
+
+
+ENTRY_MODULE = '''\
+from client import zoo
+
+
+def spec():
+    """What a model repository's entry point returns: its model, traced."""
+    return zoo.build("mlp", preset="tiny", num_layers=4)
+'''
+
+
+def test_the_gate_runs_embedded_on_an_entry_point(tmp_path: Path) -> None:
+    """No server: the store is a SQLite file, Ray and JAX run in the gate's process; the
+    model comes from `--entry module:function` imported from the working directory."""
+    (tmp_path / "my_model.py").write_text(ENTRY_MODULE)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STAGEPROF_") and k not in ("RAY_ADDRESS", "XLA_FLAGS")
+    }
+    argv = recipe_gate_argv("unused")
+    model = ["--zoo", "mlp", "--set", "preset=tiny", "--set", "num_layers=4"]
+    at = argv.index("--zoo")
+    assert argv[at : at + len(model)] == model  # what my_model.spec builds
+    rest = argv[:at] + argv[at + len(model) :]
+    at = rest.index("--server")
+    embedded = [
+        *rest[:at],
+        *rest[at + 2 :],
+        *("--entry", "my_model:spec", "--workers", "1"),
+        *("--database-url", f"sqlite:///{tmp_path / 'stageprof.db'}"),
+    ]
+    baseline = tmp_path / "ci" / "stageprof-baseline.json"
+    write = [a for a in embedded if a not in ("--baseline", "ci/stageprof-baseline.json")]
+    written = gate(tmp_path, env, [*write, "--write-baseline", str(baseline)])
+    assert written.returncode == 0, written.stdout + written.stderr
+    assert read_baseline(baseline).num_layers == 4
+    same = gate(tmp_path, env, [*embedded, "--json"])
+    assert same.returncode == 0, same.stdout + same.stderr
+    out = json.loads(same.stdout.strip().splitlines()[-1])
+    assert out["verdict"] == "pass"
+    assert {c["outcome"] for c in out["checks"]} == {"pass"}  # every figure reused: equal
