@@ -9,14 +9,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from client.commands.zoo_args import load_model, one_line, parse_overrides
 from client.gate.baseline import BaselineError, read_baseline, write_baseline
-from client.gate.remote import run_remote
 from client.gate.reports import GateResult, junit_xml, markdown
 from client.gate.source import (
     GateError,
@@ -29,6 +25,9 @@ from client.gate.source import (
 from client.gate.verdict import Check, Figure, Outcome, Tolerances, Verdict, decide
 from schemas import ClusterSpec, ModelSpec, Plan, PlanOptions, PlanRequest, ZooRef
 from schemas.plan import stage_layout
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EPILOG = """\
 exit codes:
@@ -168,7 +167,7 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def _gate(args: argparse.Namespace, console: Console) -> GateResult:
+def _gate(args: argparse.Namespace, console: "Console") -> GateResult:
     """Read the baseline, run today's job, decide; GateError when it cannot."""
     source = model_source(args)
     if args.baseline is None and args.write_baseline is None:
@@ -231,7 +230,7 @@ def _run_today(
     cluster: ClusterSpec,
     options: PlanOptions,
     baseline: Plan | None,
-    console: Console,
+    console: "Console",
 ) -> TodayRun:
     stages = baseline.stages if baseline is not None else []
 
@@ -252,6 +251,8 @@ def _run_today(
         from client.gate.local import run_local
 
         return run_local(args, cluster, options, load_spec, stages, say=say)
+    from client.gate.remote import run_remote
+
     if source == "zoo":
         zoo = ZooRef(name=args.zoo, config=parse_overrides(args.overrides))
         request = PlanRequest(zoo=zoo, cluster=cluster, options=options)
@@ -279,7 +280,9 @@ def _write_reports(args: argparse.Namespace, result: GateResult) -> None:
 STYLES = {"pass": "green", "note": "yellow", "fail": "bold red", "undecided": "magenta"}
 
 
-def _print_checks(console: Console, result: GateResult) -> None:
+def _print_checks(console: "Console", result: GateResult) -> None:
+    from rich.text import Text
+
     for check in result.verdict.checks:
         line = Text(f"{check.outcome.value.upper():9}", style=STYLES[check.outcome.value])
         line.append(f" {check.name}: {check.reason}")
