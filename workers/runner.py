@@ -260,7 +260,10 @@ class JobRunner(MeasureLoop):
     def _end(
         self, job_id: str, status: JobStatus, plan: Plan | None, error: str | None, st: JobStats
     ) -> JobOutcome:
+        pending = self.counters.take()  # stored with the job's end, not left for later
+
         def end(s: Session) -> JobStatus | None:
+            add_counts(s, counts=pending)
             if status == JobStatus.cancelled and not store.is_cancel_requested(s, job_id=job_id):
                 # Lease lost to another runner: the job is theirs now; do not touch it.
                 row = store.get_job(s, job_id=job_id)
@@ -270,7 +273,11 @@ class JobRunner(MeasureLoop):
             )
             return None
 
-        current = self.store.patient("end job", end)
+        try:
+            current = self.store.patient("end job", end)
+        except BaseException:
+            self.counters.restore(pending)
+            raise
         if current is not None:
             logger.warning("job %s: %s", job_id, error)
             return JobOutcome(job_id, current, None, error, st)
