@@ -11,6 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
+COPY programs ./programs
 COPY store ./store
 COPY migrations ./migrations
 COPY planner ./planner

@@ -1,45 +1,14 @@
 """Request examples for the OpenAPI document (a tiny two-layer model, a zoo request)."""
 
+import json
+from pathlib import Path
 from typing import Any
 
-_PROGRAM = "AAECAwQFBgc="  # placeholder bytes; real specs carry jax.export output
-
-TINY_MODEL: dict[str, Any] = {
-    "name": "tiny_mlp",
-    "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
-    "layers": [
-        {
-            "name": "dense0",
-            "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
-            "outputs": [{"name": "h", "shape": [4, 8], "dtype": "float32"}],
-            "params": [{"name": "w0", "shape": [8, 8], "dtype": "float32"}],
-            "forward": _PROGRAM,
-            "backward": _PROGRAM,
-            "residuals": [],
-            "saved": ["x"],
-            "grad_inputs": [],
-            "jaxpr": "{ lambda ; a:f32[8,8] b:f32[4,8]. let c = dot_general b a in (c,) }",
-            "flops": 512.0,
-            "fingerprint": "example-dense",
-        },
-        {
-            "name": "head",
-            "inputs": [{"name": "h", "shape": [4, 8], "dtype": "float32"}],
-            "outputs": [{"name": "loss", "shape": [], "dtype": "float32"}],
-            "params": [{"name": "w1", "shape": [8, 8], "dtype": "float32"}],
-            "forward": _PROGRAM,
-            "backward": _PROGRAM,
-            "residuals": [{"name": "res0", "shape": [4, 8], "dtype": "float32"}],
-            "saved": ["h"],
-            "grad_inputs": ["h"],
-            "jaxpr": "{ lambda ; a:f32[8,8] b:f32[4,8]. let c = dot_general b a; "
-            "d = reduce_sum c in (d,) }",
-            "flops": 520.0,
-            "fingerprint": "example-head",
-        },
-    ],
-    "loss": "loss",
-}
+# A two-layer MLP with real jax.export programs (the server checks every program it is
+# sent); written by scripts/make_example_model.py. Its fingerprints are left to the server.
+TINY_MODEL: dict[str, Any] = json.loads(
+    (Path(__file__).with_name("example_model.json")).read_text(encoding="utf-8")
+)
 
 CLUSTER: dict[str, Any] = {"num_hosts": 1, "devices_per_host": 4, "device_kind": "cpu"}
 
