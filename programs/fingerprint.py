@@ -38,7 +38,7 @@ def canonical_module(exported: jax.export.Exported) -> str:
     its functions other than `main` renamed `@f0, @f1, ...` by order of definition."""
     with jax_mlir.make_ir_context():
         module = ir.Module.parse(exported.mlir_module())
-        text = module.operation.get_asm(enable_debug_info=False)
+        text = str(module.operation.get_asm(enable_debug_info=False))
     text = _MODULE_NAME.sub("module", text, count=1)
     renames: dict[str, str] = {}
     for name in _DEFINED.findall(text):
