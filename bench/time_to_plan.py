@@ -95,7 +95,7 @@ def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
         "candidates": stats.candidates,
         "distinct_stages": stats.distinct_stages,
         "measured": stats.measured,
-        "compiles": stats.measured * len(MODULES),
+        "compiles": (stats.measured + stats.failed) * len(MODULES),
         "pruned": stats.pruned,
         "failed": stats.failed,
         "wall_s": round(run.wall_seconds, 2),

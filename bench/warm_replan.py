@@ -109,9 +109,9 @@ def time_job(api: Any, submit: Any, poll_s: float, timeout_s: float) -> dict[str
         "seconds": round(wall, 3),
         "runner_seconds": round(run_s, 3) if run_s is not None else None,
         "measured": job.progress.measured,
-        "cached": job.progress.cached,
+        "reused": job.progress.reused,
         "pruned": job.progress.pruned,
-        "total": job.progress.total,
+        "candidates": job.progress.candidates,
         "plan": common.plan_keys(plan) if plan else None,
         "model_id": job.model_id,
     }
@@ -197,7 +197,7 @@ def report(
         "warm_runner_s": common.median(
             w["runner_seconds"] for w in warm_zoo if w["runner_seconds"] is not None
         ),
-        "candidates": cold["total"],
+        "candidates": cold["candidates"],
         "warm_measured": sum(w["measured"] for w in warm_all),
         "same_plan": all(w["plan"] == cold["plan"] for w in warm_all),
         "goal_s": GOAL_S,
@@ -210,9 +210,9 @@ def report(
         ("submit -> plan, s (by model id)", None, warm_id_s),
         ("runner (claim -> plan stored), s", cold["runner_seconds"], out["warm_runner_s"]),
         ("stages measured", cold["measured"], warm_zoo[0]["measured"] if warm_zoo else None),
-        ("candidates reused", cold["cached"], warm_zoo[0]["cached"] if warm_zoo else None),
+        ("stages reused", cold["reused"], warm_zoo[0]["reused"] if warm_zoo else None),
         ("candidates pruned", cold["pruned"], warm_zoo[0]["pruned"] if warm_zoo else None),
-        ("candidates", cold["total"], warm_zoo[0]["total"] if warm_zoo else None),
+        ("candidates", cold["candidates"], warm_zoo[0]["candidates"] if warm_zoo else None),
     ]
     title = (
         f"warm re-plan through the API: gpt {args.layers} blocks, 1x4 cpu, "

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"job {job.id} {job.status}: {job.error}", file=sys.stderr)
                 return 1
             plan = api.get_plan(job.id)
-    print(f"job {job.id}: {job.progress.measured} stages measured, {job.progress.cached} reused")
+    print(f"job {job.id}: {job.progress.measured} stages measured, {job.progress.reused} reused")
     for stage in plan.stages:
         layers = f"{stage.layer_names[0]}..{stage.layer_names[-1]}"
         shape = f"{stage.submesh.hosts}x{stage.submesh.devices_per_host}"

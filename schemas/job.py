@@ -3,7 +3,7 @@
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import Field
+from pydantic import Field, computed_field, model_validator
 
 from schemas.base import Frozen
 from schemas.cluster import ClusterSpec
@@ -24,17 +24,46 @@ class JobStatus(StrEnum):
 
 
 class Progress(Frozen):
-    """Candidate counts of a job."""
+    """A job's counts, one meaning each. A *stage* is a distinct stage fingerprint among the
+    job's candidates (identical candidates share one measurement); every stage is exactly one
+    of measured, reused, failed, pruned or still pending:
 
-    total: int = Field(0, ge=0, description="Stage candidates in the job.")
-    done: int = Field(0, ge=0, description="Candidates with a result (any status).")
-    cached: int = Field(0, ge=0, description="Of those, reused from a stored profile.")
-    failed: int = Field(0, ge=0, description="Of those, with a status other than ok.")
-    measured: int = Field(0, ge=0, description="Distinct stages measured by this job.")
-    distinct_stages: int = Field(0, ge=0, description="Distinct stage fingerprints in the job.")
-    pruned: int = Field(
-        0, ge=0, description="Distinct stages skipped: they cannot be in a better plan."
+        distinct_stages = measured + reused + failed + pruned + pending
+        done = measured + reused + failed + pruned
+    """
+
+    candidates: int = Field(
+        0, ge=0, description="Stage candidates (start, end, submesh, config) in the job."
     )
+    distinct_stages: int = Field(
+        0, ge=0, description="Distinct stages among them (identical candidates share one)."
+    )
+    measured: int = Field(0, ge=0, description="Stages this job measured, with status ok.")
+    reused: int = Field(
+        0, ge=0, description="Stages whose ok result was already stored (or another job's)."
+    )
+    failed: int = Field(0, ge=0, description="Stages whose result is not ok (oom, timeout, ...).")
+    pruned: int = Field(
+        0, ge=0, description="Stages skipped: they cannot be in a better plan than one measured."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: object) -> object:
+        """`done` and `pending` are derived: accept them back (e.g. from the API's JSON)."""
+        if isinstance(data, dict) and ("done" in data or "pending" in data):
+            data = {k: v for k, v in data.items() if k not in ("done", "pending")}
+        return data
+
+    @computed_field(description="measured + reused + failed + pruned.")  # type: ignore[prop-decorator]
+    @property
+    def done(self) -> int:
+        return self.measured + self.reused + self.failed + self.pruned
+
+    @computed_field(description="Stages with no result yet.")  # type: ignore[prop-decorator]
+    @property
+    def pending(self) -> int:
+        return max(0, self.distinct_stages - self.done)
 
 
 class Job(Frozen):

@@ -25,6 +25,7 @@ from store.jobs import (
     job_plan,
     job_to_schema,
     list_jobs,
+    progress_of,
     refresh_progress,
     renew_lease,
     request_cancel,

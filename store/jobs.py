@@ -269,36 +269,48 @@ def is_cancel_requested(session: Session, *, job_id: str) -> bool:
 
 
 def refresh_progress(session: Session, *, job_id: str) -> Progress:
-    """Recount a job's progress from its candidates and store it on the job row."""
+    """Recount a job's progress from its candidates and store it on the job row: candidates,
+    and distinct stages by what became of them (see `schemas.Progress`)."""
     c = JobCandidateRow
     recorded = c.profile_id.is_not(None)
-    pruned = c.status == PRUNED
+    ok = c.status == "ok"
+    stages = func.count(func.distinct(c.fingerprint))
     stmt = select(
         func.count(),
-        func.count(c.profile_id) + func.count().filter(pruned),
-        func.count().filter(and_(recorded, c.reused.is_(True))),
-        func.count().filter(and_(recorded, c.status != "ok")),
-        func.count(func.distinct(c.fingerprint)).filter(and_(recorded, c.reused.is_(False))),
-        func.count(func.distinct(c.fingerprint)),
-        func.count(func.distinct(c.fingerprint)).filter(pruned),
+        stages,
+        stages.filter(and_(recorded, c.reused.is_(False), ok)),
+        stages.filter(and_(recorded, c.reused.is_(True), ok)),
+        stages.filter(and_(recorded, c.status != "ok")),
+        stages.filter(c.status == PRUNED),
     ).where(c.job_id == job_id)
-    total, done, cached, failed, measured, distinct, n_pruned = session.execute(stmt).one()
+    candidates, distinct, measured, reused, failed, n_pruned = session.execute(stmt).one()
     progress = Progress(
-        total=total,
-        done=done,
-        cached=cached,
-        failed=failed,
-        measured=measured,
+        candidates=candidates,
         distinct_stages=distinct,
+        measured=measured,
+        reused=reused,
+        failed=failed,
         pruned=n_pruned,
     )
     session.execute(
         update(JobRow)
         .where(JobRow.id == job_id)
-        .values(**progress.model_dump())
+        .values(**progress.model_dump(exclude={"pending"}))
         .execution_options(synchronize_session=False)
     )
     return progress
+
+
+def progress_of(row: JobRow) -> Progress:
+    """The progress stored on a job row."""
+    return Progress(
+        candidates=row.candidates,
+        distinct_stages=row.distinct_stages,
+        measured=row.measured,
+        reused=row.reused,
+        failed=row.failed,
+        pruned=row.pruned,
+    )
 
 
 def job_to_schema(session: Session, row: JobRow) -> Job:
@@ -316,15 +328,7 @@ def job_to_schema(session: Session, row: JobRow) -> Job:
         status=JobStatus(row.status),
         cluster=ClusterSpec.model_validate(row.cluster),
         options=PlanOptions.model_validate(row.options),
-        progress=Progress(
-            total=row.total,
-            done=row.done,
-            cached=row.cached,
-            failed=row.failed,
-            measured=row.measured,
-            distinct_stages=row.distinct_stages,
-            pruned=row.pruned,
-        ),
+        progress=progress_of(row),
         error=row.error,
         lease_owner=row.lease_owner,
         cancel_requested=row.cancel_requested,

@@ -27,6 +27,7 @@ from schemas import (
     JobStatus,
     Plan,
     ProfileStatus,
+    Progress,
     StageKey,
     StageProfileResult,
 )
@@ -69,21 +70,48 @@ class RunnerConfig:
 
 @dataclass
 class JobStats:
-    """What a job cost: the `stats` of `stageprof plan --json`."""
+    """What a job cost: the `stats` of `stageprof plan --json`. The counts are the job's
+    progress as the store keeps it (`schemas.Progress`, one meaning each, read at the job's
+    end); the rest is the runner's own."""
 
-    candidates: int = 0
-    distinct_stages: int = 0
-    measured: int = 0
-    reused: int = 0
-    pruned: int = 0
-    failed: int = 0
+    progress: Progress = field(default_factory=Progress)
     wall_seconds: float = 0.0
     actors_started: int = 0
     actors_replaced: int = 0
-    waited: int = 0
+    waited: int = 0  # stages another runner was measuring, whose result this job waited for
+
+    @property
+    def candidates(self) -> int:
+        return self.progress.candidates
+
+    @property
+    def distinct_stages(self) -> int:
+        return self.progress.distinct_stages
+
+    @property
+    def measured(self) -> int:
+        return self.progress.measured
+
+    @property
+    def reused(self) -> int:
+        return self.progress.reused
+
+    @property
+    def failed(self) -> int:
+        return self.progress.failed
+
+    @property
+    def pruned(self) -> int:
+        return self.progress.pruned
 
     def as_dict(self) -> dict[str, float | int]:
-        return dict(self.__dict__)
+        counts: dict[str, float | int] = dict(self.progress.model_dump())
+        return counts | {
+            "wall_seconds": self.wall_seconds,
+            "actors_started": self.actors_started,
+            "actors_replaced": self.actors_replaced,
+            "waited": self.waited,
+        }
 
 
 @dataclass
@@ -233,6 +261,7 @@ class JobRunner(MeasureLoop):
         stats.wall_seconds = time.monotonic() - started
 
         def hand_back(s: Session) -> JobStatus:
+            stats.progress = store.refresh_progress(s, job_id=job_id)
             if store.is_cancel_requested(s, job_id=job_id):
                 store.finish_job(
                     s,
@@ -264,6 +293,7 @@ class JobRunner(MeasureLoop):
 
         def end(s: Session) -> JobStatus | None:
             add_counts(s, counts=pending)
+            st.progress = store.refresh_progress(s, job_id=job_id)
             if status == JobStatus.cancelled and not store.is_cancel_requested(s, job_id=job_id):
                 # Lease lost to another runner: the job is theirs now; do not touch it.
                 row = store.get_job(s, job_id=job_id)
@@ -332,8 +362,7 @@ class JobRunner(MeasureLoop):
             if not self.config.reuse_stages:
                 fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
             candidates.append(store.CandidateIn(key, fp, submesh.num_devices, config.strategy))
-        stats.candidates = len(candidates)
-        stats.distinct_stages = len({c.fingerprint for c in candidates})
+        distinct = len({c.fingerprint for c in candidates})
 
         keys_by_fp: dict[str, list[StageKey]] = {}
         for c in candidates:
@@ -352,14 +381,14 @@ class JobRunner(MeasureLoop):
                 store.job_results(s, job_id=job_id),
             )
 
-        to_measure, stats.reused, known = self.store.patient("reuse stored stages", reuse)
+        to_measure, n_reused, known = self.store.patient("reuse stored stages", reuse)
         keeper.check()
         logger.info(
             "job %s: %d candidates, %d distinct, %d reused, %d to measure",
             job_id,
-            stats.candidates,
-            stats.distinct_stages,
-            stats.reused,
+            len(candidates),
+            distinct,
+            n_reused,
             len(to_measure),
         )
         pruner = None
@@ -387,7 +416,6 @@ class JobRunner(MeasureLoop):
             keeper.check()
             raise JobCancelled("lost the job's lease before planning")
         failures = Counter(r.status.value for r in results.values() if not r.ok)
-        stats.failed = sum(1 for r in results.values() if not r.ok)
         if results and not any(r.ok for r in results.values()):
             summary = ", ".join(f"{n} {status}" for status, n in failures.most_common())
             raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")

@@ -81,7 +81,6 @@ class MeasureLoop:
                 self._store_pruned(job_id, skipped, stats)
             settled, freed = ledger.settle_waiting()
             for item in settled:
-                stats.reused += 1
                 feed(item.fingerprint, item.result)
             queue.extendleft(reversed(freed))
             if self.pool is None or not self.pool.busy:
@@ -116,7 +115,6 @@ class MeasureLoop:
     ) -> None:
         stored = ledger.flush()
         for result in stored:
-            stats.measured += 1
             feed(result.fingerprint, result)
         if stored and self.on_progress is not None:
             self.on_progress(self._job_row(job_id), stats)
@@ -138,6 +136,5 @@ class MeasureLoop:
             return store.get_job(s, job_id=job_id)
 
         job = self.store.patient("pruned stages", prune)
-        stats.pruned += len(fingerprints)
         if self.on_progress is not None:
             self.on_progress(job, stats)

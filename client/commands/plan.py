@@ -109,6 +109,7 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
     from store import (
         create_job,
         database_url,
+        get_job,
         make_engine,
         make_sessionmaker,
         put_model,
@@ -143,6 +144,8 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
     with progress_bar(console) as on_progress:
         runner = JobRunner(sessions, runner_config(args), on_progress=on_progress)
         outcome = runner.run_next(job_id)
+        with session_scope(sessions) as s:
+            on_progress(get_job(s, job_id=job_id), None)  # the final counts, as stored
     assert outcome is not None, "the job just created could not be claimed"
     stats = outcome.stats.as_dict()
     stats["wall_seconds"] = round(time.monotonic() - started, 3)

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from schemas import Job, ModelSpec, Plan
+from schemas import Progress as JobProgress
 from schemas.plan import percent, stage_layout
 from schemas.profile import MAX_SUCC_STAGES
 
@@ -47,20 +48,26 @@ def job_snapshot(job: Job) -> SimpleNamespace:
     return SimpleNamespace(status=job.status, **job.progress.model_dump())
 
 
+def stats_of(progress: JobProgress, wall_seconds: float) -> dict[str, Any]:
+    """The `stats` of `--json` from a job's progress (the same counts everywhere)."""
+    return progress.model_dump() | {"wall_seconds": round(wall_seconds, 3)}
+
+
 def progress_line(job: Any, elapsed_s: float) -> str:
     """One line of progress from a job row or `Job.progress`-like object (None: starting)."""
     if job is None:
         return f"starting: workers and the model's stages ({elapsed_s:.0f}s)"
     phase = _phase(job)
-    total, done = job.total, job.done
+    total, done = job.distinct_stages, job.done
     if phase == "queued":
         return f"queued: waiting for a worker to take the job, {elapsed_s:.0f}s elapsed"
     eta = ""
     if 0 < done < total:
         eta = f", ETA {elapsed_s / done * (total - done):.0f}s"
     return (
-        f"{phase}: {done}/{total} candidates done (measured {job.measured}, reused "
-        f"{job.cached}, pruned {job.pruned}, failed {job.failed}), {elapsed_s:.0f}s elapsed{eta}"
+        f"{phase}: {done}/{total} stages done (measured {job.measured}, reused "
+        f"{job.reused}, pruned {job.pruned}, failed {job.failed}; {job.candidates} "
+        f"candidates), {elapsed_s:.0f}s elapsed{eta}"
     )
 
 
@@ -114,6 +121,7 @@ def _rich_progress(console: Console) -> Iterator[Callable[[Any, Any], None]]:
         TextColumn("[bold]{task.fields[phase]}"),
         BarColumn(),
         MofNCompleteColumn(),
+        TextColumn("stages"),
         TextColumn(
             "reused {task.fields[reused]}  pruned {task.fields[pruned]}  "
             "failed {task.fields[failed]}"
@@ -134,9 +142,9 @@ def _rich_progress(console: Console) -> Iterator[Callable[[Any, Any], None]]:
         progress.update(
             task,
             phase=_phase(job),
-            total=job.total,
+            total=job.distinct_stages,
             completed=job.done,
-            reused=job.cached,
+            reused=job.reused,
             pruned=job.pruned,
             failed=job.failed,
         )
@@ -251,7 +259,7 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     console.print(
         f"{stats['candidates']} candidates, {stats['distinct_stages']} distinct stages: "
         f"{stats['measured']} measured, {stats['reused']} reused, "
-        f"{stats.get('pruned', 0)} pruned, {stats['failed']} failed; "
+        f"{stats['pruned']} pruned, {stats['failed']} failed; "
         f"DP {plan.dp_wall_seconds * 1e3:.1f} ms (runner-up "
         f"{plan.runner_up_wall_seconds * 1e3:.1f} ms); total {stats['wall_seconds']:.1f} s"
     )

@@ -12,6 +12,7 @@ from client.commands.plan_output import (
     print_plan,
     print_stability,
     progress_bar,
+    stats_of,
 )
 from client.commands.zoo_args import parse_overrides
 from client.sdk import ApiError, StageprofClient
@@ -51,16 +52,7 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
                 if job.status.finished:
                     break
                 time.sleep(1.0)
-        progress = job.progress
-        stats = {
-            "candidates": progress.total,
-            "distinct_stages": progress.distinct_stages,
-            "measured": progress.measured,
-            "reused": progress.distinct_stages - progress.measured - progress.pruned,
-            "pruned": progress.pruned,
-            "failed": progress.failed,
-            "wall_seconds": round(time.monotonic() - started, 3),
-        }
+        stats = stats_of(job.progress, time.monotonic() - started)
         if not job.has_plan:
             console.print(f"[red]job {job_id} {job.status.value}:[/] {job.error}")
             if args.json:

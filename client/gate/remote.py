@@ -74,7 +74,7 @@ def _wait(api: StageprofClient, job_id: str, timeout_s: float, say: Callable[[st
     while True:
         job = api.get_job(job_id)
         p = job.progress
-        line = f"job {job_id} {job.status.value}: {p.done}/{p.total} candidates"
+        line = f"job {job_id} {job.status.value}: {p.done}/{p.distinct_stages} stages done"
         if line != last:
             say(line)
             last = line
@@ -83,22 +83,13 @@ def _wait(api: StageprofClient, job_id: str, timeout_s: float, say: Callable[[st
         if time.monotonic() >= deadline:
             raise GateError(
                 f"job {job_id} is still {job.status.value} after {timeout_s:g} s "
-                f"({p.done}/{p.total} candidates); raise --wait-timeout"
+                f"({p.done}/{p.distinct_stages} stages done); raise --wait-timeout"
             )
         time.sleep(POLL_S)
 
 
 def _stats(job: Job, wall_s: float) -> dict[str, Any]:
-    p = job.progress
-    return {
-        "candidates": p.total,
-        "distinct_stages": p.distinct_stages,
-        "measured": p.measured,
-        "reused": p.distinct_stages - p.measured - p.pruned,
-        "pruned": p.pruned,
-        "failed": p.failed,
-        "wall_seconds": round(wall_s, 3),
-    }
+    return job.progress.model_dump() | {"wall_seconds": round(wall_s, 3)}
 
 
 def _one_line(err: Exception) -> str:

@@ -95,7 +95,7 @@
   };
 
   SP.progressText = function (p) {
-    return p.done + "/" + p.total + " · " + p.cached + " cached · " + p.failed + " failed · " + (p.pruned || 0) + " pruned";
+    return p.done + "/" + p.distinct_stages + " stages · " + p.measured + " measured · " + p.reused + " reused · " + p.pruned + " pruned · " + p.failed + " failed";
   };
 
   // Round a span to 1, 2 or 5 × 10^k steps for chart axes.

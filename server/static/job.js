@@ -18,9 +18,9 @@
   SP.poll(async function () {
     const job = await SP.getJSON("/v1/jobs/" + encodeURIComponent(jobId));
     const bar = document.getElementById("job-progress");
-    bar.max = Math.max(job.progress.total, 1);
+    bar.max = Math.max(job.progress.distinct_stages, 1);
     bar.value = job.progress.done;
-    document.getElementById("job-counts").textContent = SP.progressText(job.progress) + " · " + job.progress.measured + " measured";
+    document.getElementById("job-counts").textContent = SP.progressText(job.progress) + " · " + job.progress.candidates + " candidates";
     const status = document.getElementById("job-status");
     status.textContent = job.status;
     status.setAttribute("class", "badge big status-" + job.status);

@@ -7,7 +7,7 @@
   if (!tbody) return;
 
   function newRow(job) {
-    const bar = SP.el("progress", { "data-field": "bar", max: Math.max(job.progress.total, 1), value: job.progress.done });
+    const bar = SP.el("progress", { "data-field": "bar", max: Math.max(job.progress.distinct_stages, 1), value: job.progress.done });
     const counts = SP.el("span", { class: "muted", "data-field": "counts", text: SP.progressText(job.progress) });
     const status = SP.el("span", { class: "badge status-" + job.status, "data-field": "status", text: job.status });
     const c = job.cluster;
@@ -26,7 +26,7 @@
     status.textContent = job.status;
     status.setAttribute("class", "badge status-" + job.status);
     const bar = row.querySelector('[data-field="bar"]');
-    bar.max = Math.max(job.progress.total, 1);
+    bar.max = Math.max(job.progress.distinct_stages, 1);
     bar.value = job.progress.done;
     row.querySelector('[data-field="counts"]').textContent = SP.progressText(job.progress);
   }

@@ -8,13 +8,13 @@ from client.commands.plan_output import plain_progress, progress_line
 
 
 def _job(status: str, total: int, done: int, **counts: int) -> SimpleNamespace:
-    base = {"measured": 0, "cached": 0, "pruned": 0, "failed": 0}
-    return SimpleNamespace(status=status, total=total, done=done, **(base | counts))
+    base = {"measured": 0, "reused": 0, "pruned": 0, "failed": 0, "candidates": 2 * total}
+    return SimpleNamespace(status=status, distinct_stages=total, done=done, **(base | counts))
 
 
 def test_progress_line_has_phase_counts_elapsed_and_eta() -> None:
-    line = progress_line(_job("profiling", 40, 10, measured=6, cached=2, pruned=1, failed=1), 20)
-    assert line.startswith("profiling: 10/40 candidates done")
+    line = progress_line(_job("profiling", 40, 10, measured=6, reused=2, pruned=1, failed=1), 20)
+    assert line.startswith("profiling: 10/40 stages done") and "80 candidates" in line
     assert "measured 6" in line and "reused 2" in line and "pruned 1" in line
     assert "failed 1" in line and "20s elapsed" in line and "ETA 60s" in line
     assert "ETA" not in progress_line(_job("planning", 40, 40), 5)

@@ -117,7 +117,7 @@ def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: P
 
         with StageprofClient(base, token=token) as api:
             first = _plan_and_check(api, stack, base)
-            assert first.progress.measured > 0 and first.progress.cached == 0
+            assert first.progress.measured > 0 and first.progress.reused == 0
 
             second_ref = api.submit_plan(
                 zoo="gpt", zoo_config=TINY_GPT, cluster=CLUSTER, options=OPTIONS
@@ -126,21 +126,19 @@ def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: P
             assert second.status == JobStatus.done, second.error
             p1, p2 = first.progress, second.progress
             assert p2.measured == 0, p2
-            assert (p2.total, p2.distinct_stages, p2.pruned) == (
-                p1.total,
+            assert (p2.candidates, p2.distinct_stages, p2.pruned) == (
+                p1.candidates,
                 p1.distinct_stages,
                 p1.pruned,
             )
             rows = list(api.iter_profiles(job_id=second.id, sort="start"))
             recorded = [r for r in rows if r["profile_id"] is not None]
             assert recorded and all(r["reused"] for r in recorded)
-            assert p2.cached == len(recorded) == p2.done - _pruned_rows(rows)
+            stages = {r["fingerprint"] for r in recorded}
+            assert p2.reused == len(stages) == p2.done - p2.pruned - p2.failed
+            assert p2.pruned == len({r["fingerprint"] for r in rows if r["status"] == "pruned"})
             assert second.model_id == first.model_id  # the same spec, stored once
             assert api.get_plan(second.id).stages == api.get_plan(first.id).stages
-
-
-def _pruned_rows(rows: list[dict]) -> int:
-    return sum(r["status"] == "pruned" for r in rows)
 
 
 def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
@@ -150,7 +148,8 @@ def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
     job = wait_done(api, stack, ref.job_id)
     assert job.status == JobStatus.done, job.error
     assert job.model_id is not None and job.zoo is not None and job.zoo.name == "gpt"
-    assert job.progress.total == job.progress.done > 0
+    p = job.progress
+    assert p.distinct_stages == p.done == p.measured + p.reused + p.failed + p.pruned > 0
 
     plan = api.get_plan(job.id)
     covered = [i for st in plan.stages for i in range(st.start, st.end + 1)]
@@ -160,7 +159,7 @@ def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
     assert plan.predicted_iteration_time_s > 0 and plan.baselines
 
     rows = list(api.iter_profiles(job_id=job.id, sort="start"))
-    assert len(rows) == job.progress.total
+    assert len(rows) == job.progress.candidates
     assert {r["job_id"] for r in rows} == {job.id}
     assert all(r["status"] is not None for r in rows)  # every candidate has an outcome
     ok = [r for r in rows if r["status"] == "ok"]

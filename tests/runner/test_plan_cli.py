@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -62,6 +63,7 @@ def test_plan_prints_json_then_reuses_everything(tmp_path: Path) -> None:
     assert stages[0]["start"] == 0 and stages[-1]["end"] == 3
     report = (tmp_path / "report.html").read_text()
     assert out["job_id"] in report and "<script" in report
+    _counts_agree(stats, first.stderr, report)
 
     second = _plan(tmp_path, "--hosts", "1", "--devices-per-host", "2", "--json")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -101,7 +103,7 @@ def test_plan_through_a_pipe_prints_a_line_at_least_every_10_s(tmp_path: Path) -
     times = [t for t, _ in stamps]
     assert times[0] < 10, stamps[:3]
     progress = [(t, s) for t, s in stamps if s.startswith(("starting:", "profiling:", "planning:"))]
-    assert progress and any("candidates done" in s for _, s in progress)
+    assert progress and any("stages done" in s for _, s in progress)
     end_of_progress = progress[-1][0]
     during = [t for t in times if t <= end_of_progress]
     gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
@@ -109,3 +111,41 @@ def test_plan_through_a_pipe_prints_a_line_at_least_every_10_s(tmp_path: Path) -
     assert not any("\x1b[" in s for _, s in stamps)
     noise = [s for _, s in stamps if "WARNING" in s or "Token authentication" in s]
     assert not noise, noise  # quiet by default: library warnings only with --verbose
+
+
+def _counts_agree(stats: dict, stderr: str, report: str) -> None:
+    """One set of counters: the JSON, the summary line, the last progress line and the
+    report say the same numbers, and they add up."""
+    keys = ("measured", "reused", "pruned", "failed")
+    assert stats["distinct_stages"] == sum(stats[k] for k in keys) == stats["done"]
+    assert stats["pending"] == 0 and stats["candidates"] >= stats["distinct_stages"]
+    summary = re.search(
+        r"(\d+) candidates, (\d+) distinct stages: (\d+) measured, (\d+) reused, "
+        r"(\d+) pruned, (\d+) failed",
+        " ".join(stderr.split()),
+    )
+    assert summary, stderr[-2000:]
+    want = [stats[k] for k in ("candidates", "distinct_stages", *keys)]
+    assert [int(g) for g in summary.groups()] == want
+    last = [ln for ln in stderr.splitlines() if "stages done" in ln][-1]
+    line = re.search(
+        r"(\d+)/(\d+) stages done \(measured (\d+), reused (\d+), pruned (\d+), "
+        r"failed (\d+); (\d+) candidates\)",
+        last,
+    )
+    assert line, last
+    assert [int(g) for g in line.groups()] == [
+        stats["done"],
+        stats["distinct_stages"],
+        *(stats[k] for k in keys),
+        stats["candidates"],
+    ]
+    facts = re.search(r'<span id="job-counts">([^<]*)</span>', report)
+    assert facts, "no counts in the report"
+    text = " ".join(facts.group(1).split())
+    expected = (
+        f"{stats['done']}/{stats['distinct_stages']} stages · {stats['measured']} measured · "
+        f"{stats['reused']} reused · {stats['pruned']} pruned · {stats['failed']} failed · "
+        f"{stats['candidates']} candidates"
+    )
+    assert text == expected

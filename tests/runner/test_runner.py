@@ -84,7 +84,8 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
     with session_scope(sessions) as s:
         row = get_job(s, job_id=job_id)
         assert row is not None and row.status == "done" and row.plan is not None
-        assert row.total == row.done == stats.candidates and row.measured == stats.measured
+        assert row.candidates == stats.candidates and row.measured == stats.measured
+        assert row.done == row.distinct_stages == stats.distinct_stages
 
     second = queue_job(sessions, tiny_gpt(num_layers=4))
     again = runner.run_next()
@@ -143,7 +144,7 @@ def test_cancel_stops_a_running_job_within_seconds(sessions: sessionmaker[Sessio
     with session_scope(sessions) as s:
         row = get_job(s, job_id=job_id)
         assert row is not None and row.status == "cancelled" and row.finished_at is not None
-        assert row.done < row.total
+        assert row.done < row.distinct_stages
 
 
 def test_every_candidate_timing_out_fails_the_job_saying_why(

@@ -67,7 +67,7 @@ def test_killed_runner_job_is_taken_over_without_remeasuring(
             )
         )
         row = get_job(s, job_id=job_id)
-        assert row is not None and row.status == "profiling" and row.done < row.total
+        assert row is not None and row.status == "profiling" and row.done < row.distinct_stages
 
     runner = JobRunner(sessions, RunnerConfig(num_workers=2, lease_seconds=30))
     outcome = None

@@ -42,7 +42,7 @@ def test_read_job_shows_progress_and_timings(api: httpx.Client, db: sessionmaker
     seeded = seed_job(db, num_layers=4, finished=False, recorded_fraction=0.5)
     job = api.get(f"/v1/jobs/{seeded.job_id}").json()
     assert job["status"] == "profiling" and job["lease_owner"] == "test-runner"
-    assert job["progress"]["total"] == seeded.num_candidates
+    assert job["progress"]["candidates"] == seeded.num_candidates
     assert job["progress"]["done"] == seeded.num_candidates // 2
     assert job["started_at"] is not None and job["finished_at"] is None
     assert job["has_plan"] is False

@@ -130,9 +130,10 @@ def test_progress_counts_from_candidates(session: Session) -> None:
     failed = save_profile(session, result=profile("fc", ProfileStatus.oom))
     record_result(session, job_id=job.id, profile=failed, reused=False)
     progress = refresh_progress(session, job_id=job.id)
-    assert progress.total == 4 and progress.done == 4
-    assert progress.cached == 1 and progress.failed == 1 and progress.measured == 2
-    assert progress.distinct_stages == 3
+    # in stages: fa measured (its two candidates share it), fb reused, fc failed
+    assert progress.candidates == 4 and progress.distinct_stages == 3
+    assert (progress.measured, progress.reused, progress.failed, progress.pruned) == (1, 1, 1, 0)
+    assert progress.done == 3 and progress.pending == 0
     session.refresh(job)
     assert job_to_schema(session, job).progress == progress
 

@@ -130,7 +130,7 @@ def test_pruned_stages_count_as_done_without_a_profile(session: Session) -> None
     assert mark_pruned(session, job_id=job.id, fingerprints=["big", "small"]) == 1
     assert pending_fingerprints(session, job_id=job.id) == []
     progress = refresh_progress(session, job_id=job.id)
-    assert (progress.total, progress.done, progress.pruned, progress.failed) == (2, 2, 1, 0)
+    assert (progress.candidates, progress.done, progress.pruned, progress.failed) == (2, 2, 1, 0)
     assert set(job_results(session, job_id=job.id)) == {(0, 0, 0, 0)}
     late = save_profile(session, result=profile("big"))
     assert record_result(session, job_id=job.id, profile=late, reused=False) == 0
