@@ -18,6 +18,7 @@ COPY planner ./planner
 COPY workers ./workers
 COPY server ./server
 COPY client ./client
+COPY cli ./cli
 RUN if [ -n "$EXTRAS" ]; then pip install ".[$EXTRAS]"; else pip install .; fi \
     && rm -rf /src/build
 

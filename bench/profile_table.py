@@ -119,7 +119,7 @@ def time_http(
 def serve(url: str, work: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEPROF_")}
-    cmd = [sys.executable, "-m", "client.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
     cmd += ["--database-url", url, "--log-level", "warning", "--no-migrate"]
     log = open(work / "serve.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=common.ROOT)

@@ -80,7 +80,7 @@ def build(num_blocks: int, hidden: int) -> tuple:
 
 def _stageprof() -> list[str]:
     script = Path(sys.executable).with_name("stageprof")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "client.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli"]
 
 
 def _free_port() -> int:

@@ -92,6 +92,7 @@ __all__ = [
     "profile_result",
     "put_model",
     "record_result",
+    "progress_of",
     "refresh_progress",
     "renew_lease",
     "mark_pruned",

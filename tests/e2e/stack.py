@@ -17,7 +17,7 @@ STOP_GRACE_S = 30.0
 START_TIMEOUT_S = 90.0
 _SCRIPT = Path(sys.executable).with_name("stageprof")
 # The installed console script (what the compose file runs); the module when it is missing.
-STAGEPROF = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "client.cli"]
+STAGEPROF = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli"]
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from client.cli import build_parser
+from cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 GITHUB = yaml.safe_load((ROOT / "examples/ci/github-actions.yml").read_text())

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
-from client.cli import build_parser
-from client.commands.worker import runner_config
+from cli.commands.worker import runner_config
+from cli.main import build_parser
 from server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "store", "migrations", "planner", "workers", "server", "client")
+PACKAGES = ("schemas", "programs", "store", "migrations", "planner", "workers", "server", "client", "cli")
 STAGEPROF_SERVICES = ("migrate", "ray-head", "api", "worker")
 
 
@@ -235,7 +235,7 @@ def test_the_gpu_override_reserves_nvidia_gpus_for_gpu_workers() -> None:
 def test_the_dockerfile_installs_every_package_and_runs_the_cli() -> None:
     text = (ROOT / "Dockerfile").read_text()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["stageprof"] == "client.cli:main"
+    assert pyproject["project"]["scripts"]["stageprof"] == "cli.main:main"
     included = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     copied = {
         src for line in text.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import xmlschema
 
-from client.gate.baseline import read_baseline
+from cli.gate.baseline import read_baseline
 from tests.e2e.stack import STAGEPROF, LocalStack, free_port
 from tests.e2e.test_ci_recipes import GITHUB, github_gate_step
 from tests.e2e.test_stack import e2e_database_url, stack_env

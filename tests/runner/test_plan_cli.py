@@ -33,7 +33,7 @@ def _plan(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, STAGEPROF_DATABASE_URL=f"sqlite:///{tmp_path / 'plan.db'}")
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", "plan", "--zoo", "gpt", *TINY, *FAST, *args],
+        [sys.executable, "-m", "cli", "plan", "--zoo", "gpt", *TINY, *FAST, *args],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -85,7 +85,7 @@ def test_plan_refuses_bad_input_with_a_clear_message(tmp_path: Path) -> None:
 def test_plan_through_a_pipe_prints_a_line_at_least_every_10_s(tmp_path: Path) -> None:
     env = dict(os.environ, STAGEPROF_DATABASE_URL=f"sqlite:///{tmp_path / 'plan.db'}")
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "client.cli", "plan", "--zoo", "gpt", *TINY, *FAST]
+    cmd = [sys.executable, "-m", "cli", "plan", "--zoo", "gpt", *TINY, *FAST]
     started = time.monotonic()
     stamps: list[tuple[float, str]] = []
     with subprocess.Popen(

@@ -36,7 +36,7 @@ def test_killed_runner_job_is_taken_over_without_remeasuring(
         [
             sys.executable,
             "-m",
-            "client.cli",
+            "cli.main",
             "worker",
             "--once",
             "--workers",

@@ -14,7 +14,7 @@ from tests.server.live import LiveServer
 def test_plan_server_shows_queued_while_no_worker_takes_the_job(
     live_server: LiveServer, api: httpx.Client
 ) -> None:
-    cmd = [sys.executable, "-m", "client.cli", "plan", "--server", live_server.url]
+    cmd = [sys.executable, "-m", "cli", "plan", "--server", live_server.url]
     cmd += ["--zoo", "mlp", "--set", "preset=tiny", "--devices-per-host", "2"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEPROF_")}
     proc = subprocess.Popen(

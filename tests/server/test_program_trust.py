@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client.commands.zoo_args import load_model
+from cli.commands.zoo_args import load_model
 from programs import layer_fingerprint
 from tests.server.conftest import RowCounts
 from tests.server.factories import chain_spec

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 
-from client.commands.plan_output import print_plan, write_report
+from cli.commands.plan_output import print_plan, write_report
 from schemas import ClusterSpec, JobStatus, Plan, PlanOptions
 from server.report import SCRIPTS, cost_matrix_url, render_job_report, stageprof_version
 from store import JobRow, ModelRow, create_job, finish_job, session_scope

@@ -158,7 +158,7 @@ def test_errors_are_one_readable_family(sdk: StageprofClient, live_server: LiveS
 def test_cli_prints_one_line_when_the_server_is_down() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     out = subprocess.run(
-        [sys.executable, "-m", "client.cli", "plan", "--server", url, "--zoo", "mlp"],
+        [sys.executable, "-m", "cli", "plan", "--server", url, "--zoo", "mlp"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client.cli import build_parser
+from cli.main import build_parser
 
 START_TIMEOUT_S = 60
 
@@ -32,7 +32,7 @@ def test_serve_runs_the_api(tmp_path: Path, workers: int) -> None:
     port = free_port()
     url = f"sqlite:///{tmp_path / 'served.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEPROF_")}
-    cmd = [sys.executable, "-m", "client.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
     cmd += ["--workers", str(workers), "--database-url", url, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from client.cli import main
-from client.commands.profile import ensure_cpu_devices, parse_pair
+from cli.commands.profile import ensure_cpu_devices, parse_pair
+from cli.main import main
 from schemas import ProfileStatus, StageProfileResult
 
 TINY = ["--zoo", "mlp", "--set", "preset=tiny", "--repeats", "2", "--max-repeats", "2"]
@@ -91,7 +91,7 @@ def test_a_fresh_process_gets_the_virtual_devices_it_needs() -> None:
     env["JAX_PLATFORMS"] = "cpu"
     argv = ["profile", *TINY, "--start", "0", "--end", "0", "--submesh", "1x4"]
     proc = subprocess.run(
-        [sys.executable, "-m", "client.cli", *argv, "--logical-mesh", "4x1", "--strategy", "data"]
+        [sys.executable, "-m", "cli", *argv, "--logical-mesh", "4x1", "--strategy", "data"]
         + ["--json"],
         cwd=Path(__file__).resolve().parents[2],
         env=env,

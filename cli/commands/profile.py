@@ -12,9 +12,9 @@ import re
 import sys
 from typing import Any
 
-from client.commands.measure_args import add_measurement_arguments, measurement_options
-from client.commands.plan_output import succ_text
-from client.commands.zoo_args import (
+from cli.commands.measure_args import add_measurement_arguments, measurement_options
+from cli.commands.plan_output import succ_text
+from cli.commands.zoo_args import (
     add_model_arguments,
     load_model,
     one_line,

@@ -1,4 +1,4 @@
-"""The `stageprof` command line: one thin module per subcommand under `client/commands/`."""
+"""The `stageprof` command line: one thin module per subcommand under `cli/commands/`."""
 
 import argparse
 import importlib
@@ -9,12 +9,12 @@ from collections.abc import Sequence
 
 # Each module defines `register(subparsers)`; it sets `func(args) -> int` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
-    "client.commands.db",
-    "client.commands.gate",
-    "client.commands.plan",
-    "client.commands.profile",
-    "client.commands.serve",
-    "client.commands.worker",
+    "cli.commands.db",
+    "cli.commands.gate",
+    "cli.commands.plan",
+    "cli.commands.profile",
+    "cli.commands.serve",
+    "cli.commands.worker",
 )
 
 

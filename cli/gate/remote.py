@@ -5,8 +5,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from client.gate.recost import remeasure
-from client.gate.source import GateError, TodayRun
+from cli.gate.recost import remeasure
+from cli.gate.source import GateError, TodayRun
 from client.sdk import ServerUnreachable, StageprofClient, StageprofError
 from schemas import Job, PlannedStage, PlanRequest, StageProfileResult
 

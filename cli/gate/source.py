@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.gate.verdict import Remeasured
+from cli.gate.verdict import Remeasured
 from schemas import ModelSpec, Plan
 
 
@@ -51,7 +51,7 @@ def load_spec_file(path: Any) -> ModelSpec:
     """A ModelSpec JSON file; GateError naming the file and the first problem."""
     from pydantic import ValidationError
 
-    from client.commands.zoo_args import one_line
+    from cli.commands.zoo_args import one_line
 
     try:
         return ModelSpec.model_validate_json(path.read_text())

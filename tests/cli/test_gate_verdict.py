@@ -4,7 +4,7 @@ growth, layout changes, a job without a plan."""
 
 import pytest
 
-from client.gate.verdict import (
+from cli.gate.verdict import (
     Check,
     Figure,
     Outcome,

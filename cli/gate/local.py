@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from client.gate.recost import remeasure
-from client.gate.source import GateError, TodayRun
+from cli.gate.recost import remeasure
+from cli.gate.source import GateError, TodayRun
 from schemas import ClusterSpec, ModelSpec, PlannedStage, PlanOptions, StageProfileResult
 
 
@@ -53,7 +53,7 @@ def run_local(
 ) -> TodayRun:
     """Plan today's model in this process; `load_spec` runs after Ray has started (it may
     import jax, which Ray's forked processes must not inherit)."""
-    from client.commands.worker import runner_config
+    from cli.commands.worker import runner_config
     from migrations import upgrade
     from store import create_job, database_url, make_engine, make_sessionmaker, put_model
     from store import session_scope as scope
@@ -82,7 +82,7 @@ def run_local(
     if outcome is None:
         raise GateError(f"job {job_id} was taken by another runner")
     if args.report:
-        from client.commands.plan_output import write_report
+        from cli.commands.plan_output import write_report
 
         write_report(args.report, sessions, job_id)
     error = None if outcome.plan is not None else f"job {job_id} {outcome.status}: {outcome.error}"

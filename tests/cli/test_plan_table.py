@@ -6,7 +6,7 @@ import re
 import pytest
 from rich.console import Console
 
-from client.commands.plan_output import print_plan, succ_text
+from cli.commands.plan_output import print_plan, succ_text
 from schemas.profile import MAX_SUCC_STAGES
 from tests.server.factories import chain_spec, make_plan
 

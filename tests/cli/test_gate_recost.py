@@ -6,10 +6,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from client.gate.local import StoreProfiles
-from client.gate.recost import remeasure
-from client.gate.remote import ApiProfiles
-from client.gate.verdict import Remeasured
+from cli.gate.local import StoreProfiles
+from cli.gate.recost import remeasure
+from cli.gate.remote import ApiProfiles
+from cli.gate.verdict import Remeasured
 from client.sdk import StageprofClient
 from schemas import PlannedStage, ProfileStatus, ShardingConfig, SubmeshShape
 from server import Settings

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from client.gate.verdict import (
+from cli.gate.verdict import (
     Check,
     Outcome,
     Remeasured,

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import xmlschema
 
-from client.gate.baseline import BaselineError, read_baseline, write_baseline
-from client.gate.reports import GateResult, junit_xml, markdown
-from client.gate.verdict import Outcome, Remeasured, decide, undecided
-from tests.client.test_gate_verdict import BASE, TOL, measured, plan_of, same_as, stage
+from cli.gate.baseline import BaselineError, read_baseline, write_baseline
+from cli.gate.reports import GateResult, junit_xml, markdown
+from cli.gate.verdict import Outcome, Remeasured, decide, undecided
+from tests.cli.test_gate_verdict import BASE, TOL, measured, plan_of, same_as, stage
 
 XSD = Path(__file__).parent / "data" / "junit.xsd"
 

@@ -1,5 +1,5 @@
 """`stageprof gate`: plan a model (on a server or embedded) and compare the plan with a
-committed baseline plan; the exit code is the CI verdict. The rules are in client/gate/."""
+committed baseline plan; the exit code is the CI verdict. The rules are in cli/gate/."""
 
 import argparse
 import dataclasses
@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client.commands.zoo_args import load_model, one_line, parse_overrides
-from client.gate.baseline import BaselineError, read_baseline, write_baseline
-from client.gate.reports import GateResult, junit_xml, markdown
-from client.gate.source import (
+from cli.commands.zoo_args import load_model, one_line, parse_overrides
+from cli.gate.baseline import BaselineError, read_baseline, write_baseline
+from cli.gate.reports import GateResult, junit_xml, markdown
+from cli.gate.source import (
     GateError,
     TodayRun,
     describe_model,
@@ -22,7 +22,7 @@ from client.gate.source import (
     load_spec_file,
     model_source,
 )
-from client.gate.verdict import Check, Figure, Outcome, Tolerances, Verdict, decide
+from cli.gate.verdict import Check, Figure, Outcome, Tolerances, Verdict, decide
 from schemas import ClusterSpec, ModelSpec, Plan, PlanOptions, PlanRequest, ZooRef
 from schemas.plan import stage_layout
 
@@ -54,7 +54,7 @@ class _NoHelpParser(argparse.ArgumentParser):
 def _plan_parser() -> argparse.ArgumentParser:
     """`stageprof plan`'s own parser (built apart, without -h): the gate takes every flag of
     it as a parent, so the two commands cannot drift apart."""
-    from client.commands import plan
+    from cli.commands import plan
 
     sub = argparse.ArgumentParser(add_help=False).add_subparsers(parser_class=_NoHelpParser)
     plan.register(sub)
@@ -130,7 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from client.gate.verdict import undecided
+    from cli.gate.verdict import undecided
 
     console = Console(stderr=args.json, highlight=False)
     if not console.is_terminal:
@@ -212,7 +212,7 @@ def _gate(args: argparse.Namespace, console: "Console") -> GateResult:
 def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
     from pydantic import ValidationError
 
-    from client.commands.plan import _request_parts as plan_request_parts
+    from cli.commands.plan import _request_parts as plan_request_parts
 
     try:
         cluster, options = plan_request_parts(args)
@@ -248,10 +248,10 @@ def _run_today(
             raise GateError(f"zoo model {args.zoo!r}: {one_line(err)}") from err
 
     if not args.server:
-        from client.gate.local import run_local
+        from cli.gate.local import run_local
 
         return run_local(args, cluster, options, load_spec, stages, say=say)
-    from client.gate.remote import run_remote
+    from cli.gate.remote import run_remote
 
     if source == "zoo":
         zoo = ZooRef(name=args.zoo, config=parse_overrides(args.overrides))

@@ -8,9 +8,9 @@ import argparse
 import sys
 import time
 
-from client.commands.measure_args import add_measurement_arguments, measurement_options
-from client.commands.worker import add_runner_arguments, runner_config
-from client.commands.zoo_args import (
+from cli.commands.measure_args import add_measurement_arguments, measurement_options
+from cli.commands.worker import add_runner_arguments, runner_config
+from cli.commands.zoo_args import (
     add_model_arguments,
     load_model,
     one_line,
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"stageprof plan: {one_line(err)}", file=sys.stderr)
         return 2
     if args.server:
-        from client.commands.plan_remote import run_remote
+        from cli.commands.plan_remote import run_remote
 
         return run_remote(args, cluster, options)
     return _run_local(args, cluster, options)
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
     from rich.console import Console
 
-    from client.commands.plan_output import (
+    from cli.commands.plan_output import (
         print_json_line,
         print_plan,
         progress_bar,

@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 
-from client.commands.plan_output import (
+from cli.commands.plan_output import (
     job_snapshot,
     print_json_line,
     print_plan,
@@ -14,7 +14,7 @@ from client.commands.plan_output import (
     progress_bar,
     stats_of,
 )
-from client.commands.zoo_args import parse_overrides
+from cli.commands.zoo_args import parse_overrides
 from client.sdk import ApiError, StageprofClient
 from schemas import ClusterSpec, ModelSpec, PlanOptions, PlanRequest, ZooRef
 

@@ -9,7 +9,7 @@ enumerated, has no measurement: the verdict notes it.
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from client.gate.verdict import Remeasured
+from cli.gate.verdict import Remeasured
 from schemas import PlannedStage, StageProfileResult
 
 PRUNED = "pruned"

@@ -1,4 +1,4 @@
-"""`stageprof gate` through `client.cli.main`: its flags are `stageprof plan`'s plus its own,
+"""`stageprof gate` through `cli.main.main`: its flags are `stageprof plan`'s plus its own,
 and everything that leaves it undecided exits 2 with one line on stderr and reports that say
 so. (Exit 0 and 1 on real jobs: tests/e2e/test_gate.py.)"""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import xmlschema
 
-from client.cli import build_parser, main
-from client.commands.gate import fraction
-from client.gate.source import GateError, load_entry
+from cli.commands.gate import fraction
+from cli.gate.source import GateError, load_entry
+from cli.main import build_parser, main
 from schemas import ModelSpec
-from tests.client.test_gate_verdict import BASE
+from tests.cli.test_gate_verdict import BASE
 from tests.e2e.stack import free_port
 
 XSD = Path(__file__).parent / "data" / "junit.xsd"
