@@ -259,7 +259,14 @@ def _run_today(
     else:
         request = PlanRequest(model=load_spec(), cluster=cluster, options=options)
     return run_remote(
-        args.server, args.token, request, stages, wait_timeout_s=args.wait_timeout, say=say
+        args.server,
+        args.token,
+        request,
+        stages,
+        wait_timeout_s=args.wait_timeout,
+        say=say,
+        idempotency_key=args.idempotency_key,
+        new=args.new,
     )
 
 

@@ -52,6 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     parser.add_argument("--server", help="run the job on a stageprof server at this URL")
     parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
+    parser.add_argument(
+        "--idempotency-key",
+        help="with --server: a retry with the same key gets the same job (e.g. a CI run id)",
+    )
+    parser.add_argument(
+        "--new",
+        action="store_true",
+        help="with --server: a new job even if an identical one is queued or running",
+    )
     parser.add_argument("--database-url", help="store URL (default STAGEPROF_DATABASE_URL)")
     parser.add_argument("--report", help="write an HTML report (heatmap, Gantt) to this file")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")

@@ -33,7 +33,7 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         request = PlanRequest(zoo=zoo, cluster=cluster, options=options)
     with StageprofClient(args.server, token=args.token) as api:
         try:
-            ref = api.submit_plan(request)
+            ref = api.submit_plan(request, idempotency_key=args.idempotency_key, new=args.new)
         except ApiError as err:
             print(f"stageprof plan: the server refused the request: {err}", file=sys.stderr)
             return 2

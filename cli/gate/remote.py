@@ -44,13 +44,20 @@ def run_remote(
     *,
     wait_timeout_s: float,
     say: Callable[[str], None],
+    idempotency_key: str | None = None,
+    new: bool = False,
 ) -> TodayRun:
-    """Run today's job on `server`; `say` shows progress lines."""
+    """Run today's job on `server`; `say` shows progress lines. With `idempotency_key` (a CI
+    run's id), a retried step follows the job its first attempt submitted."""
     started = time.monotonic()
     try:
         with StageprofClient(server, token=token) as api:
-            job_id = api.submit_plan(request).job_id
-            say(f"job {job_id} queued at {server}")
+            ref = api.submit_plan(request, idempotency_key=idempotency_key, new=new)
+            job_id = ref.job_id
+            if ref.deduplicated:
+                say(f"following job {job_id} ({ref.status.value}) at {server}: the same request")
+            else:
+                say(f"job {job_id} queued at {server}")
             job = _wait(api, job_id, wait_timeout_s, say)
             plan = api.get_plan(job_id) if job.has_plan else None
             remeasured = remeasure(ApiProfiles(api), job_id, baseline_stages)

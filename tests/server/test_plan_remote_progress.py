@@ -42,3 +42,26 @@ def test_plan_server_shows_queued_while_no_worker_takes_the_job(
     (job,) = api.get("/v1/jobs").json()["items"]
     assert job["status"] == "queued"
     assert api.delete(f"/v1/jobs/{job['id']}").status_code == 200
+
+
+def test_plan_server_with_an_idempotency_key_follows_the_first_job(
+    live_server: LiveServer, api: httpx.Client
+) -> None:
+    def submit() -> str:
+        cmd = [sys.executable, "-m", "cli", "plan", "--server", live_server.url, "--zoo", "mlp"]
+        cmd += ["--set", "preset=tiny", "--devices-per-host", "2", "--idempotency-key", "ci-42"]
+        proc = subprocess.Popen(
+            cmd, cwd=Path(__file__).parents[2], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        proc.kill()
+        proc.wait(timeout=30)
+        return first
+
+    assert "queued at" in submit()
+    again = submit()
+    assert "following job" in again, again
+    (job,) = api.get("/v1/jobs").json()["items"]  # one job for both attempts
+    assert again.split("following job ")[1].startswith(job["id"])
+    api.delete(f"/v1/jobs/{job['id']}")
