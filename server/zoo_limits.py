@@ -29,7 +29,7 @@ MAX_VALUES: dict[str, int] = {
 }
 
 _TRANSFORMER = {
-    "num_layers": 4,
+    "num_layers": 2,
     "hidden_size": 64,
     "num_heads": 4,
     "seq_len": 32,
@@ -40,12 +40,20 @@ _MLP_SEED = {"num_layers": 2, "hidden_size": 2048, "ffn_size": 8192, "batch_size
 DEFAULTS: dict[str, dict[str, Any]] = {
     "mlp": {"num_layers": 2, "hidden_size": 256, "ffn_size": 1024, "batch_size": 32},
     "gpt": dict(_TRANSFORMER),
-    "moe": _TRANSFORMER | {"num_experts": 4, "expert_group_size": 64},
+    "moe": _TRANSFORMER
+    | {
+        "num_layers": 1,
+        "hidden_size": 32,
+        "seq_len": 16,
+        "vocab_size": 256,
+        "num_experts": 4,
+        "expert_group_size": 32,
+    },
     "wresnet": {
-        "num_layers": 50,
+        "num_layers": 6,
         "image_size": 32,
         "num_channels": 8,
-        "width_factor": 2,
+        "width_factor": 1,
         "num_classes": 10,
         "batch_size": 4,
     },
@@ -103,6 +111,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 # Wide-ResNet residual blocks per depth, and whether they are bottlenecks.
 WRESNET_BLOCKS: dict[int, tuple[int, bool]] = {
+    6: (2, False),
     10: (4, False),
     18: (8, False),
     34: (16, False),

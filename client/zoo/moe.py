@@ -8,14 +8,14 @@ from client.zoo import transformer as tf
 from client.zoo.base import Built, Config, ZooModel, f32
 
 DEFAULTS = {
-    "num_layers": 4,
-    "hidden_size": 64,
+    "num_layers": 1,  # quick by default (plans in under a minute on 2 CPU cores)
+    "hidden_size": 32,
     "num_heads": 4,
-    "seq_len": 32,
-    "vocab_size": 512,
+    "seq_len": 16,
+    "vocab_size": 256,
     "batch_size": 8,
     "num_experts": 4,
-    "expert_group_size": 64,
+    "expert_group_size": 32,
 }
 
 # Alpa's MoE benchmark sizes (benchmark/alpa/suite_manual_moe.py, `moe_specs`).

@@ -12,16 +12,18 @@ from client.layers import layer
 from client.zoo.base import Built, Config, ZooModel, f32
 
 DEFAULTS = {
-    "num_layers": 50,
+    "num_layers": 6,  # 2 basic blocks: quick by default; the published sizes are presets
     "image_size": 32,
     "num_channels": 8,
-    "width_factor": 2,
+    "width_factor": 1,
     "num_classes": 10,
     "batch_size": 4,
 }
 
 # Residual blocks per stage, and whether blocks are bottlenecks (flax / Alpa model_configs).
+# 6 is not a published depth: the first two stages of WRN-10, the quick default.
 STAGES: dict[int, tuple[tuple[int, ...], bool]] = {
+    6: ((1, 1), False),
     10: ((1, 1, 1, 1), False),
     18: ((2, 2, 2, 2), False),
     34: ((3, 4, 6, 3), False),
@@ -87,7 +89,9 @@ def block_params(cin: int, filters: int, width: int, bottleneck: bool, stride: i
         p |= _conv_bn("conv3", 1, filters * width, cout)
     else:
         if width != 1:
-            raise ValueError("wresnet: width_factor must be 1 for 18 and 34 layers (basic blocks)")
+            raise ValueError(
+                "wresnet: width_factor must be 1 for 6, 10, 18 and 34 layers (basic blocks)"
+            )
         cout = filters
         p = _conv_bn("conv1", 3, cin, filters) | _conv_bn("conv2", 3, filters, filters)
     if cin != cout or stride != 1:

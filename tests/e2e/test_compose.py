@@ -20,7 +20,17 @@ from cli.main import build_parser
 from server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "programs", "store", "migrations", "planner", "workers", "server", "client", "cli")
+PACKAGES = (
+    "schemas",
+    "programs",
+    "store",
+    "migrations",
+    "planner",
+    "workers",
+    "server",
+    "client",
+    "cli",
+)
 STAGEPROF_SERVICES = ("migrate", "ray-head", "api", "worker")
 
 

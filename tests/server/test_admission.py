@@ -169,8 +169,13 @@ def test_the_largest_device_memory_is_accepted(api: httpx.Client) -> None:
         ("mlp", {"batch_size": 10**6}, "zoo.config.batch_size", "at most 65536"),
         ("gpt", {"hidden_size": 66, "num_heads": 4}, "zoo.config.num_heads", "divisible"),
         ("moe", {"expert_group_size": 100}, "zoo.config.expert_group_size", "multiple"),
-        ("wresnet", {"num_layers": 11}, "zoo.config.num_layers", "one of [10, 18"),
-        ("wresnet", {"num_layers": 18}, "zoo.config.width_factor", "basic blocks"),
+        ("wresnet", {"num_layers": 11}, "zoo.config.num_layers", "one of [6, 10, 18"),
+        (
+            "wresnet",
+            {"num_layers": 18, "width_factor": 2},
+            "zoo.config.width_factor",
+            "basic blocks",
+        ),
     ],
 )
 def test_zoo_sizes_and_rules(
