@@ -77,7 +77,7 @@ def process(cmd: list[str], log: Path) -> Any:
 
 
 def wait_healthy(api: Any, proc: subprocess.Popen, log: Path) -> None:
-    import httpx
+    from client.sdk import ServerUnreachable
 
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
@@ -86,7 +86,7 @@ def wait_healthy(api: Any, proc: subprocess.Popen, log: Path) -> None:
         try:
             api.health()
             return
-        except httpx.TransportError:
+        except ServerUnreachable:
             if time.monotonic() > deadline:
                 raise RuntimeError("stageprof serve did not answer") from None
             time.sleep(0.1)

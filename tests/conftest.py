@@ -1,6 +1,11 @@
-"""Shared fixtures: a migrated database per backend (SQLite and the real Postgres)."""
+"""Shared fixtures: a migrated database per backend (SQLite and the real Postgres).
+
+Every test process gets 8 virtual CPU devices, set here, before any test module can import
+jax and start its backend (a module-level spec export would otherwise fix it at 1 device for
+the whole session, whatever tests/workers/conftest.py asks later)."""
 
 import os
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -9,6 +14,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from migrations import upgrade
 from store import Base, make_engine, make_sessionmaker
+
+# (store, migrations and sqlalchemy above do not import jax)
+NUM_DEVICES = 8
+_flags = os.environ.get("XLA_FLAGS", "")
+_count = re.search(r"xla_force_host_platform_device_count=(\d+)", _flags)
+if _count is None:
+    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count={NUM_DEVICES}"
+elif int(_count.group(1)) < NUM_DEVICES:
+    os.environ["XLA_FLAGS"] = re.sub(r"device_count=\d+", f"device_count={NUM_DEVICES}", _flags)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 POSTGRES_URL_ENV = "STAGEPROF_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/stageprof_test"

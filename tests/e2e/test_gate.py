@@ -22,7 +22,7 @@ from tests.e2e.test_stack import e2e_database_url, stack_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(600)]
 
-XSD = Path(__file__).resolve().parents[1] / "client" / "data" / "junit.xsd"
+XSD = Path(__file__).resolve().parents[1] / "cli" / "data" / "junit.xsd"
 GATE_TIMEOUT_S = 300.0
 
 
