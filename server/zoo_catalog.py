@@ -1,12 +1,14 @@
 """The zoo models the server accepts in `{"zoo": ...}` plan requests, as data.
 
-The server never imports `client.zoo` (it imports jax); this catalog mirrors its names,
-override keys with their types, and preset names, and tests/server/test_zoo_catalog.py
-checks that the two agree. The runner builds the spec and applies the zoo's own checks.
+The server never imports `client.zoo` (it imports jax); the names, override keys with their
+types (those of the defaults) and preset names come from `schemas.zoo_sizes`, which the zoo
+builds its models from too. The runner builds the spec and applies the zoo's own checks.
 """
 
 from dataclasses import dataclass
 from typing import Any
+
+from schemas.zoo_sizes import ZOO_SIZES
 
 MAX_OVERRIDE_INT = 2**24
 
@@ -18,48 +20,13 @@ class ZooEntry:
     presets: tuple[str, ...] = ()
 
 
-_TRANSFORMER = {
-    "num_layers": "int",
-    "hidden_size": "int",
-    "num_heads": "int",
-    "seq_len": "int",
-    "vocab_size": "int",
-    "batch_size": "int",
-}
-
 ZOO: dict[str, ZooEntry] = {
-    "mlp": ZooEntry(
-        description="The seeds' MLP: dense 2048→8192, relu, dense 8192→2048, relu; MSE.",
-        overrides={
-            "num_layers": "int",
-            "hidden_size": "int",
-            "ffn_size": "int",
-            "batch_size": "int",
-        },
-        presets=("seed", "tiny"),
-    ),
-    "gpt": ZooEntry(
-        description="GPT: embedding, pre-LN transformer blocks, LM head + loss.",
-        overrides=dict(_TRANSFORMER),
-        presets=("125M", "350M", "760M", "1.3B", "2.6B", "6.7B", "15B", "39B", "76B"),
-    ),
-    "moe": ZooEntry(
-        description="MoE transformer: attention blocks alternating top-2 MoE and dense FFNs.",
-        overrides=_TRANSFORMER | {"num_experts": "int", "expert_group_size": "int"},
-        presets=("380M", "690M", "1.3B", "2.4B", "7.1B", "10B", "27B", "70B", "140B"),
-    ),
-    "wresnet": ZooEntry(
-        description="Wide-ResNet: stem, residual blocks (bottleneck × width_factor), dense head.",
-        overrides={
-            "num_layers": "int",
-            "image_size": "int",
-            "num_channels": "int",
-            "width_factor": "int",
-            "num_classes": "int",
-            "batch_size": "int",
-        },
-        presets=("250M", "500M", "1B", "2B", "4B", "6.8B", "13B"),
-    ),
+    name: ZooEntry(
+        description=z.description,
+        overrides={key: type(value).__name__ for key, value in z.defaults.items()},
+        presets=tuple(z.presets),
+    )
+    for name, z in ZOO_SIZES.items()
 }
 
 

@@ -1,15 +1,15 @@
 """What a zoo request will build, known before it is queued: sizes, layers, micro-batch.
 
-The runner traces zoo models with `client.zoo` (jax), which the server may not import; this
-module mirrors the zoo's defaults and presets as data (tests/server/test_admission.py checks
-that they agree) so the API can refuse, at the door, a zoo request the runner would fail
-on: a size over its limit, a model rule (heads dividing the hidden size, a Wide-ResNet
-depth), or more stage candidates than the cap.
+The runner traces zoo models with `client.zoo` (jax), which the server may not import; both
+read the zoo's sizes from `schemas.zoo_sizes`, so the API can refuse, at the door, a zoo
+request the runner would fail on: a size over its limit, a model rule (heads dividing the
+hidden size, a Wide-ResNet depth), or more stage candidates than the cap.
 """
 
 from typing import Any
 
 from schemas.model import MAX_LAYERS
+from schemas.zoo_sizes import WRESNET_STAGES, ZOO_SIZES
 
 # Largest value of each integer override; every published preset fits.
 MAX_VALUES: dict[str, int] = {
@@ -28,97 +28,12 @@ MAX_VALUES: dict[str, int] = {
     "num_classes": 1_048_576,
 }
 
-_TRANSFORMER = {
-    "num_layers": 2,
-    "hidden_size": 64,
-    "num_heads": 4,
-    "seq_len": 32,
-    "vocab_size": 512,
-    "batch_size": 8,
-}
-_MLP_SEED = {"num_layers": 2, "hidden_size": 2048, "ffn_size": 8192, "batch_size": 128}
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "mlp": {"num_layers": 2, "hidden_size": 256, "ffn_size": 1024, "batch_size": 32},
-    "gpt": dict(_TRANSFORMER),
-    "moe": _TRANSFORMER
-    | {
-        "num_layers": 1,
-        "hidden_size": 32,
-        "seq_len": 16,
-        "vocab_size": 256,
-        "num_experts": 4,
-        "expert_group_size": 32,
-    },
-    "wresnet": {
-        "num_layers": 6,
-        "image_size": 32,
-        "num_channels": 8,
-        "width_factor": 1,
-        "num_classes": 10,
-        "batch_size": 4,
-    },
-}
-
-_GPT = ("seq_len", "hidden_size", "num_layers", "num_heads", "vocab_size")
-_MOE = (*_GPT, "num_experts", "expert_group_size")
-_WRESNET = ("image_size", "num_layers", "num_channels", "width_factor")
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "mlp": {
-        "seed": dict(_MLP_SEED),
-        "tiny": {"hidden_size": 32, "ffn_size": 128, "batch_size": 8},
-    },
-    "gpt": {
-        name: dict(zip(_GPT, values, strict=True))
-        for name, values in {
-            "125M": (1024, 768, 12, 12, 51200),
-            "350M": (1024, 1024, 24, 16, 51200),
-            "760M": (1024, 1536, 24, 16, 51200),
-            "1.3B": (1024, 2048, 24, 32, 51200),
-            "2.6B": (1024, 2560, 32, 32, 51200),
-            "6.7B": (1024, 4096, 32, 32, 51200),
-            "15B": (1024, 5120, 48, 40, 51200),
-            "39B": (1024, 8192, 48, 64, 51200),
-            "76B": (1024, 10240, 60, 80, 51200),
-        }.items()
-    },
-    "moe": {
-        name: dict(zip(_MOE, values, strict=True))
-        for name, values in {
-            "380M": (1024, 768, 8, 16, 32000, 8, 2048),
-            "690M": (1024, 768, 8, 16, 32000, 16, 2048),
-            "1.3B": (1024, 768, 16, 16, 32000, 16, 2048),
-            "2.4B": (1024, 1024, 16, 16, 32000, 16, 2048),
-            "7.1B": (1024, 1280, 16, 16, 32000, 32, 2048),
-            "10B": (1024, 1536, 16, 16, 32000, 32, 2048),
-            "27B": (1024, 2048, 16, 16, 32000, 48, 2048),
-            "70B": (1024, 2048, 32, 16, 32000, 64, 2048),
-            "140B": (1024, 2048, 32, 16, 32000, 128, 2048),
-        }.items()
-    },
-    "wresnet": {
-        name: dict(zip(_WRESNET, values, strict=True)) | {"num_classes": 1024}
-        for name, values in {
-            "250M": (224, 50, 160, 2),
-            "500M": (224, 50, 224, 2),
-            "1B": (224, 50, 320, 2),
-            "2B": (224, 50, 448, 2),
-            "4B": (224, 50, 640, 2),
-            "6.8B": (224, 50, 320, 16),
-            "13B": (224, 101, 320, 16),
-        }.items()
-    },
-}
+DEFAULTS: dict[str, dict[str, Any]] = {name: z.defaults for name, z in ZOO_SIZES.items()}
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {name: z.presets for name, z in ZOO_SIZES.items()}
 
 # Wide-ResNet residual blocks per depth, and whether they are bottlenecks.
 WRESNET_BLOCKS: dict[int, tuple[int, bool]] = {
-    6: (2, False),
-    10: (4, False),
-    18: (8, False),
-    34: (16, False),
-    50: (16, True),
-    101: (33, True),
-    152: (50, True),
-    200: (66, True),
+    depth: (sum(blocks), bottleneck) for depth, (blocks, bottleneck) in WRESNET_STAGES.items()
 }
 
 Problems = list[tuple[tuple[str, ...], str]]

@@ -5,11 +5,9 @@ import jax.numpy as jnp
 
 from client.layers import layer
 from client.zoo.base import Built, Config, ZooModel, f32
+from schemas.zoo_sizes import ZOO_SIZES
 
-# The seeds' size (768 MiB of parameters, minutes to plan here) is the "seed" preset; the
-# default is small enough that a first try plans in well under a minute on a laptop's CPU.
-SEED = {"num_layers": 2, "hidden_size": 2048, "ffn_size": 8192, "batch_size": 128}
-DEFAULTS = {"num_layers": 2, "hidden_size": 256, "ffn_size": 1024, "batch_size": 32}
+SIZES = ZOO_SIZES["mlp"]
 
 
 def make(c: Config) -> Built:
@@ -49,9 +47,8 @@ def make(c: Config) -> Built:
 
 MODEL = ZooModel(
     name="mlp",
-    description="The seeds' MLP (preset 'seed': 2 layers of dense 2048→8192, relu, dense "
-    "8192→2048, relu; MSE); by default 256→1024.",
-    defaults=DEFAULTS,
+    description=SIZES.description,
+    defaults=SIZES.defaults,
     make=make,
-    presets={"seed": SEED, "tiny": {"hidden_size": 32, "ffn_size": 128, "batch_size": 8}},
+    presets=SIZES.presets,
 )

@@ -6,41 +6,9 @@ import jax.numpy as jnp
 
 from client.zoo import transformer as tf
 from client.zoo.base import Built, Config, ZooModel, f32
+from schemas.zoo_sizes import ZOO_SIZES
 
-DEFAULTS = {
-    "num_layers": 1,  # quick by default (plans in under a minute on 2 CPU cores)
-    "hidden_size": 32,
-    "num_heads": 4,
-    "seq_len": 16,
-    "vocab_size": 256,
-    "batch_size": 8,
-    "num_experts": 4,
-    "expert_group_size": 32,
-}
-
-# Alpa's MoE benchmark sizes (benchmark/alpa/suite_manual_moe.py, `moe_specs`).
-PRESETS = {
-    name: {
-        "seq_len": s,
-        "hidden_size": h,
-        "num_layers": n,
-        "num_heads": a,
-        "vocab_size": v,
-        "num_experts": e,
-        "expert_group_size": g,
-    }
-    for name, (s, h, n, a, v, e, g) in {
-        "380M": (1024, 768, 8, 16, 32000, 8, 2048),
-        "690M": (1024, 768, 8, 16, 32000, 16, 2048),
-        "1.3B": (1024, 768, 16, 16, 32000, 16, 2048),
-        "2.4B": (1024, 1024, 16, 16, 32000, 16, 2048),
-        "7.1B": (1024, 1280, 16, 16, 32000, 32, 2048),
-        "10B": (1024, 1536, 16, 16, 32000, 32, 2048),
-        "27B": (1024, 2048, 16, 16, 32000, 48, 2048),
-        "70B": (1024, 2048, 32, 16, 32000, 64, 2048),
-        "140B": (1024, 2048, 32, 16, 32000, 128, 2048),
-    }.items()
-}
+SIZES = ZOO_SIZES["moe"]
 
 
 def moe_params(hidden: int, ffn: int, experts: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -132,8 +100,8 @@ def make(c: Config) -> Built:
 
 MODEL = ZooModel(
     name="moe",
-    description="MoE transformer: attention blocks alternating top-2 MoE and dense FFNs.",
-    defaults=DEFAULTS,
+    description=SIZES.description,
+    defaults=SIZES.defaults,
     make=make,
-    presets=PRESETS,
+    presets=SIZES.presets,
 )

@@ -10,49 +10,10 @@ import jax.numpy as jnp
 
 from client.layers import layer
 from client.zoo.base import Built, Config, ZooModel, f32
+from schemas.zoo_sizes import WRESNET_STAGES, ZOO_SIZES
 
-DEFAULTS = {
-    "num_layers": 6,  # 2 basic blocks: quick by default; the published sizes are presets
-    "image_size": 32,
-    "num_channels": 8,
-    "width_factor": 1,
-    "num_classes": 10,
-    "batch_size": 4,
-}
-
-# Residual blocks per stage, and whether blocks are bottlenecks (flax / Alpa model_configs).
-# 6 is not a published depth: the first two stages of WRN-10, the quick default.
-STAGES: dict[int, tuple[tuple[int, ...], bool]] = {
-    6: ((1, 1), False),
-    10: ((1, 1, 1, 1), False),
-    18: ((2, 2, 2, 2), False),
-    34: ((3, 4, 6, 3), False),
-    50: ((3, 4, 6, 3), True),
-    101: ((3, 4, 23, 3), True),
-    152: ((3, 8, 36, 3), True),
-    200: ((3, 24, 36, 3), True),
-}
-
-# Alpa's Wide-ResNet benchmark sizes (benchmark/alpa/suite_wresnet.py, `wresnet_specs`);
-# Alpa's benchmark uses 1024 classes.
-PRESETS = {
-    name: {
-        "image_size": i,
-        "num_layers": n,
-        "num_channels": c,
-        "width_factor": w,
-        "num_classes": 1024,
-    }
-    for name, (i, n, c, w) in {
-        "250M": (224, 50, 160, 2),
-        "500M": (224, 50, 224, 2),
-        "1B": (224, 50, 320, 2),
-        "2B": (224, 50, 448, 2),
-        "4B": (224, 50, 640, 2),
-        "6.8B": (224, 50, 320, 16),
-        "13B": (224, 101, 320, 16),
-    }.items()
-}
+SIZES = ZOO_SIZES["wresnet"]
+STAGES = WRESNET_STAGES
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
 
@@ -160,8 +121,8 @@ def make(c: Config) -> Built:
 
 MODEL = ZooModel(
     name="wresnet",
-    description="Wide-ResNet: stem, residual blocks (bottleneck x width_factor), dense head.",
-    defaults=DEFAULTS,
+    description=SIZES.description,
+    defaults=SIZES.defaults,
     make=make,
-    presets=PRESETS,
+    presets=SIZES.presets,
 )
