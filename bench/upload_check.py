@@ -31,9 +31,8 @@ t3 = time.perf_counter()
 fps = [programs.layer_fingerprint(layer) for layer in spec.layers]
 t4 = time.perf_counter()
 from programs import fingerprint, load
-fingerprint._by_programs.clear()
-fingerprint._by_program.clear()
-load._cache.clear()
+fingerprint._program_facts.cache_clear()
+load.load_program.cache_clear()
 programs.check_programs(spec)
 again = [programs.layer_fingerprint(layer) for layer in spec.layers]
 t5 = time.perf_counter()

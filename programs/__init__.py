@@ -6,6 +6,7 @@ from programs.check import ProgramProblem, check_programs, platform_problems
 from programs.fingerprint import (
     FINGERPRINT_VERSION,
     canonical_module,
+    fingerprint_problems,
     layer_fingerprint,
     verified,
     with_fingerprints,
@@ -16,6 +17,7 @@ __all__ = [
     "FINGERPRINT_VERSION",
     "ProgramProblem",
     "canonical_module",
+    "fingerprint_problems",
     "check_programs",
     "layer_fingerprint",
     "load_layer",

@@ -9,10 +9,10 @@ vars, layers and scopes never enter it, so identical transformer blocks hash the
 hash is equal across terminals and pipes, processes, hash seeds and machines with one jax.
 """
 
+import functools
 import hashlib
 import json
 import re
-from collections import OrderedDict
 from typing import Any
 
 import jax
@@ -20,6 +20,7 @@ import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
 
+from programs.check import ProgramProblem, check_programs
 from programs.load import load_program
 from schemas import LayerSpec, ModelSpec, VarSpec
 
@@ -28,9 +29,6 @@ FINGERPRINT_VERSION = 3
 
 _MODULE_NAME = re.compile(r"^module @[\w.$-]+", re.MULTILINE)
 _DEFINED = re.compile(r"func\.func (?:public |private |nested )?@([\w.$-]+)\(")
-_CACHE_SIZE = 4096
-_by_programs: OrderedDict[str, str] = OrderedDict()
-_by_program: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
 
 def canonical_module(exported: jax.export.Exported) -> str:
@@ -50,19 +48,11 @@ def canonical_module(exported: jax.export.Exported) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)
 def _program_facts(text: str) -> dict[str, Any]:
     """The canonical module's hash and what the module leaves to the `Exported` wrapper,
     cached by the program's text (identical layers share their program bytes)."""
-    key = hashlib.sha256(text.encode("ascii", errors="replace")).hexdigest()
-    facts = _by_program.get(key)
-    if facts is None:
-        facts = _facts(load_program(text))
-        _by_program[key] = facts
-        if len(_by_program) > _CACHE_SIZE:
-            _by_program.popitem(last=False)
-    else:
-        _by_program.move_to_end(key)
-    return facts
+    return _facts(load_program(text))
 
 
 def _facts(exported: jax.export.Exported) -> dict[str, Any]:
@@ -90,16 +80,6 @@ def _vars(vs: list[VarSpec]) -> list[list[Any]]:
 def layer_fingerprint(layer: LayerSpec) -> str:
     """sha256 (hex) of a layer's canonical forward and backward programs and the facts about
     them that only its spec records. Raises what `load_program` raises for a bad program."""
-    key = hashlib.sha256(
-        json.dumps(
-            [layer.forward, layer.backward, layer.model_dump(exclude=_NOT_HASHED)],
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
-    cached = _by_programs.get(key)
-    if cached is not None:
-        _by_programs.move_to_end(key)
-        return cached
     inputs = [v.name for v in layer.inputs]
     outputs = [v.name for v in layer.outputs]
     saved = [
@@ -117,15 +97,7 @@ def layer_fingerprint(layer: LayerSpec) -> str:
         "saved": saved,
         "grad_inputs": [inputs.index(n) for n in layer.grad_inputs],
     }
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-    _by_programs[key] = digest
-    if len(_by_programs) > _CACHE_SIZE:
-        _by_programs.popitem(last=False)
-    return digest
-
-
-# Spec fields that never enter a fingerprint (names, text for people, the claimed hash).
-_NOT_HASHED = {"name", "jaxpr", "flops", "fingerprint", "forward", "backward"}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def with_fingerprints(spec: ModelSpec) -> ModelSpec:
@@ -136,21 +108,33 @@ def with_fingerprints(spec: ModelSpec) -> ModelSpec:
     return spec.model_copy(update={"layers": layers})
 
 
+def fingerprint_problems(spec: ModelSpec) -> list[ProgramProblem]:
+    """Layers (whose programs passed `check_programs`) with a stated fingerprint that is not
+    their programs' own, or whose StableHLO module cannot be read."""
+    problems = []
+    for i, layer in enumerate(spec.layers):
+        try:
+            computed = layer_fingerprint(layer)
+        except Exception as e:  # noqa: BLE001 - a module jax cannot read is a bad spec
+            problems.append(
+                ProgramProblem(i, "forward", f"its StableHLO module cannot be read: {e}")
+            )
+            continue
+        if layer.fingerprint and layer.fingerprint != computed:
+            message = (
+                f"is {layer.fingerprint!r} but the layer's programs give {computed!r}: "
+                "fingerprints are computed from the programs (leave it empty, or trace with "
+                f"jax {jax.__version__})"
+            )
+            problems.append(ProgramProblem(i, "fingerprint", message))
+    return problems
+
+
 def verified(spec: ModelSpec) -> ModelSpec:
     """`spec` whose programs load and match their declared vars, with fingerprints computed
     from them. Raises `ValueError` naming every layer whose programs are wrong or whose
     stated fingerprint is not its programs' own."""
-    from programs.check import check_programs
-
-    problems = [str(p) for p in check_programs(spec)]
-    if not problems:
-        for i, layer in enumerate(spec.layers):
-            computed = layer_fingerprint(layer)
-            if layer.fingerprint and layer.fingerprint != computed:
-                problems.append(
-                    f"layers[{i}].fingerprint: is {layer.fingerprint!r} but the layer's "
-                    f"programs give {computed!r}"
-                )
+    problems = check_programs(spec) or fingerprint_problems(spec)
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("; ".join(str(p) for p in problems))
     return with_fingerprints(spec)

@@ -1,31 +1,20 @@
-"""Deserialize base64 `jax.export` programs, cached by the hash of their text."""
+"""Deserialize base64 `jax.export` programs, cached by their text."""
 
 import base64
-import hashlib
-from collections import OrderedDict
+import functools
 
 import jax
 
 from schemas import LayerSpec
 
-_CACHE_SIZE = 1024
-_cache: OrderedDict[str, jax.export.Exported] = OrderedDict()
 
-
+@functools.lru_cache(maxsize=1024)
 def load_program(text: str) -> jax.export.Exported:
-    """`jax.export.deserialize` of base64 text. Raises `binascii.Error`/`ValueError` for bad
-    base64 and whatever jax raises for bytes that are not a serialized export."""
-    key = hashlib.sha256(text.encode("ascii", errors="replace")).hexdigest()
-    exported = _cache.get(key)
-    if exported is None:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-        exported = jax.export.deserialize(bytearray(raw))
-        _cache[key] = exported
-        if len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    else:
-        _cache.move_to_end(key)
-    return exported
+    """`jax.export.deserialize` of base64 text, cached by the text. Raises
+    `binascii.Error`/`ValueError` for bad base64 and whatever jax raises for bytes that are
+    not a serialized export."""
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    return jax.export.deserialize(bytearray(raw))
 
 
 def load_layer(layer: LayerSpec) -> tuple[jax.export.Exported, jax.export.Exported]:

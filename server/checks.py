@@ -6,7 +6,6 @@ Every check runs before anything is written, so a refused request changes nothin
 import math
 from typing import Any
 
-import jax
 from pydantic import BaseModel
 
 import programs
@@ -46,29 +45,8 @@ def program_errors(spec: ModelSpec, loc: Loc) -> Errors:
     """Each layer's forward and backward must deserialize (`jax.export`, CPU, no devices)
     and match the vars the layer declares; a fingerprint the spec states must be the one
     its programs give (`programs.layer_fingerprint`)."""
-    errors = [
-        field_error((*loc, "layers", p.layer, p.field), p.message)
-        for p in programs.check_programs(spec)
-    ]
-    if errors:
-        return errors
-    for i, layer in enumerate(spec.layers):
-        try:
-            computed = programs.layer_fingerprint(layer)
-        except Exception as e:  # noqa: BLE001 - a module jax cannot read is a bad spec
-            where = (*loc, "layers", i, "forward")
-            errors.append(field_error(where, f"its StableHLO module cannot be read: {e}"))
-            continue
-        if layer.fingerprint and layer.fingerprint != computed:
-            errors.append(
-                field_error(
-                    (*loc, "layers", i, "fingerprint"),
-                    f"is {layer.fingerprint!r} but the layer's programs give {computed!r}: "
-                    "the service computes fingerprints from the programs (leave it empty, "
-                    f"or trace with the server's jax {jax.__version__})",
-                )
-            )
-    return errors
+    problems = programs.check_programs(spec) or programs.fingerprint_problems(spec)
+    return [field_error((*loc, "layers", p.layer, p.field), p.message) for p in problems]
 
 
 def micro_batch_errors(options: PlanOptions, micro_batch_size: int, loc: Loc) -> Errors:
