@@ -5,6 +5,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cli.commands.plan_output import stats_of
 from cli.gate.recost import remeasure
 from cli.gate.source import GateError, TodayRun
 from client.sdk import ServerUnreachable, StageprofClient, StageprofError
@@ -70,7 +71,7 @@ def run_remote(
         job_id=job_id,
         plan=plan,
         error=error,
-        stats=_stats(job, time.monotonic() - started),
+        stats=stats_of(job.progress, time.monotonic() - started),
         remeasured=remeasured,
     )
 
@@ -93,10 +94,6 @@ def _wait(api: StageprofClient, job_id: str, timeout_s: float, say: Callable[[st
                 f"({p.done}/{p.distinct_stages} stages done); raise --wait-timeout"
             )
         time.sleep(POLL_S)
-
-
-def _stats(job: Job, wall_s: float) -> dict[str, Any]:
-    return job.progress.model_dump() | {"wall_seconds": round(wall_s, 3)}
 
 
 def _one_line(err: Exception) -> str:
