@@ -98,6 +98,11 @@ class StageProfileResult(Frozen):
     compile_seconds: float = Field(0.0, ge=0, description="Compile time of all modules, s.")
     device_kind: str = Field("", description="Device kind it ran on.")
     jax_version: str = Field("", description="jax version it ran with.")
+    measured_by: tuple[str, ...] = Field(
+        (),
+        description="The processes that ran it, one per host of its submesh: "
+        "`<node>:<pid>` (node: the Ray node id's first 12 hex digits, or `local`).",
+    )
     estimate_bytes: int | None = Field(
         None, description="Estimated bytes per device when skipped before compiling (oom)."
     )

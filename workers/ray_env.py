@@ -14,6 +14,12 @@ import ray
 logger = logging.getLogger(__name__)
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
+# The Ray node resource that counts a host's measuring devices on CPU (virtual devices):
+# `ray start --resources='{"stageprof_devices": 4}'`. GPU hosts count Ray's own `GPU`.
+DEVICE_RESOURCE = "stageprof_devices"
+# A local Ray started in-process offers this many virtual devices; its CPUs bound how many
+# measuring processes run at once.
+LOCAL_DEVICE_BUDGET = 64
 
 
 def connect_ray(num_cpus: int | None = None, *, verbose: bool = False) -> None:
@@ -31,6 +37,7 @@ def connect_ray(num_cpus: int | None = None, *, verbose: bool = False) -> None:
         return
     ray.init(
         num_cpus=num_cpus or os.cpu_count() or 1,
+        resources={DEVICE_RESOURCE: LOCAL_DEVICE_BUDGET},
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
