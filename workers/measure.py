@@ -76,7 +76,8 @@ class _Measured:
 def _available_memory(devices: Sequence[jax.Device], cluster: ClusterSpec) -> int:
     """The cluster's device memory, or the device's own limit where it reports a lower one."""
     available = cluster.device_memory_bytes
-    for d in devices[:1]:
+    local = [d for d in devices if d.process_index == jax.process_index()]
+    for d in local[:1]:
         try:
             stats = d.memory_stats() or {}
         except Exception:  # backends without memory stats

@@ -1,11 +1,13 @@
-"""A pool of Ray actors that measure stage candidates, each actor owning its devices.
+"""A pool of measuring groups (`workers.host_group`), one group shape at a time.
 
-Failures are data: a candidate past its time limit, or whose actor died twice, comes back
-as a `StageProfileResult` with status `timeout` or `worker_lost`, never as an exception.
+Stages are measured shape by shape, as Alpa does: for each shape the pool starts as many
+groups as the Ray cluster's devices and CPUs fit (`workers.placement`), each in its own
+placement group, runs them in parallel, and respawns them for the next shape. Failures are
+data: a candidate past its time limit, or whose group lost a process twice, comes back as a
+`StageProfileResult` with status `timeout` or `worker_lost`, never as an exception.
 """
 
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from schemas import (
     ClusterSpec,
@@ -21,49 +24,53 @@ from schemas import (
     ProfileStatus,
     StageKey,
     StageProfileResult,
+    SubmeshShape,
 )
+from workers.host_group import MeasuringGroup, combine
+from workers.placement import GroupShape, Layout, measuring_nodes
 
 logger = logging.getLogger(__name__)
 
-# Extra wall time a candidate gets on top of its own limit before its actor is killed:
-# the actor enforces the limit between phases, the pool enforces it on a stuck compile.
+# Extra wall time a candidate gets on top of its own limit before its group is killed:
+# the ranks enforce the limit between phases, the pool enforces it on a stuck compile.
 KILL_GRACE_S = 10.0
 ACTOR_START_TIMEOUT_S = 120.0
 INFO_POLL_S = 0.25
+# How long the other ranks of a group get to answer once one rank reported a failure
+# (a rank that failed alone leaves the others waiting in a collective).
+RANK_GRACE_S = 10.0
+# Once one placement group of a shape is placed, how long the others may take (resources
+# another runner holds are not waited for: the shape runs with the groups that were placed).
+PLACEMENT_EXTRA_WAIT_S = 5.0
+ACTOR_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often a candidate whose actor died is tried before it is `worker_lost`."""
+    """How often a candidate whose group lost a process is tried before it is `worker_lost`."""
 
     max_attempts: int = 2
 
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """How many actors, and how many devices each owns."""
+    """How measuring processes are sized and how many groups run at once."""
 
-    num_workers: int = 1
-    devices_per_worker: int = 4
+    max_groups: int | None = None  # default: as many as the Ray cluster fits
+    one_shape: int | None = None  # every process owns this many devices: no packing
     use_gpus: bool = False
-    cpus_per_worker: float = 1.0
+    cpus_per_process: float = 1.0
     kill_grace_s: float = KILL_GRACE_S
 
 
 @dataclass(frozen=True)
 class MeasureTask:
-    """One distinct stage to measure, as the candidate `key` it was first seen as."""
+    """One distinct stage to measure, as the candidate `key` (on `submesh`) it was first
+    seen as."""
 
     fingerprint: str
     key: StageKey
-
-
-@dataclass
-class _Slot:
-    actor: Any
-    task: MeasureTask | None = None
-    ref: Any = None
-    started: float = 0.0
+    submesh: SubmeshShape
 
 
 @dataclass
@@ -75,59 +82,19 @@ class _Attempts:
         return self.counts[fingerprint]
 
 
-# Measurement settings of this process that its actors follow (workers.quiet, timing).
-FORWARDED_ENV = ("STAGEPROF_QUIET_TIMING", "STAGEPROF_LOCK_DIR", "STAGEPROF_TIMING_CLOCK")
-
-
-def worker_env(devices: int, use_gpus: bool) -> dict[str, str]:
-    """Environment of an actor process: N virtual CPU devices unless it has GPUs, and this
-    process's measurement settings (`FORWARDED_ENV`)."""
-    forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-    if use_gpus:
-        return forwarded
-    flags = os.environ.get("XLA_FLAGS", "")
-    flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
-    flags = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", **forwarded}
-
-
-class ProfileWorker:
-    """Ray actor body: measures candidates on the devices of its own process."""
-
-    def __init__(self) -> None:
-        import jax
-
-        self._spec_cache: dict[str, ModelSpec] = {}
-        self._devices = jax.devices()
-
-    def info(self) -> dict[str, Any]:
-        import jax
-
-        return {
-            "device_kind": self._devices[0].device_kind,
-            "num_devices": len(self._devices),
-            "jax_version": jax.__version__,
-            "pid": os.getpid(),
-        }
-
-    def measure(
-        self,
-        model_key: str,
-        spec: ModelSpec,
-        fingerprint: str,
-        key: StageKey,
-        cluster: ClusterSpec,
-        options: PlanOptions,
-    ) -> StageProfileResult:
-        from workers.measure import measure_stage
-
-        spec = self._spec_cache.setdefault(model_key, spec)
-        result = measure_stage(spec, key, cluster, options, devices=self._devices)
-        return result.model_copy(update={"fingerprint": fingerprint, "key": key})
+def make_layout(config: PoolConfig) -> Layout:
+    """The Ray cluster's measuring nodes, sized as `config` says."""
+    return Layout(
+        nodes=measuring_nodes(config.use_gpus),
+        use_gpus=config.use_gpus,
+        cpus_per_process=config.cpus_per_process,
+        one_shape=config.one_shape,
+        max_groups=config.max_groups,
+    )
 
 
 class MeasurePool:
-    """Fans distinct stages out to actors; `poll()` returns finished results."""
+    """Fans distinct stages out to groups; `poll()` returns finished results."""
 
     def __init__(
         self,
@@ -137,50 +104,51 @@ class MeasurePool:
         spec: ModelSpec,
         cluster: ClusterSpec,
         options: PlanOptions,
-        failure_result: Any,
+        failure_result: Callable[[MeasureTask, ProfileStatus, str], StageProfileResult],
         retry: RetryPolicy | None = None,
+        layout: Layout | None = None,
+        check: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.retry = retry or RetryPolicy()
+        self.layout = layout or make_layout(config)
         self._model_key = model_key
         self._spec_ref = ray.put(spec)
         self._cluster = cluster
         self._options = options
         self._failure_result = failure_result
+        self._check = check or (lambda: None)
         self._queue: deque[MeasureTask] = deque()
         self._attempts = _Attempts()
-        self._slots = [_Slot(actor=self._new_actor()) for _ in range(config.num_workers)]
+        self._groups: list[MeasuringGroup] = []
+        self._shape: GroupShape | None = None
+        self._complete = True  # all groups of `_shape` that fit are started
+        self._unplaced: list[StageProfileResult] = []
+        self.actors_started = 0
         self.actors_replaced = 0
+        self.shapes: list[GroupShape] = []  # every shape measured, in order
 
-    def _new_actor(self) -> Any:
-        cls = ray.remote(ProfileWorker)
-        opts: dict[str, Any] = {
-            "num_cpus": self.config.cpus_per_worker,
-            "runtime_env": {
-                "env_vars": worker_env(self.config.devices_per_worker, self.config.use_gpus)
-            },
-            "max_restarts": 0,
-            "max_concurrency": 2,  # `info` answers while a candidate is measured
-        }
-        if self.config.use_gpus:
-            opts["num_gpus"] = self.config.devices_per_worker
-        return cls.options(**opts).remote()
+    # --- what the measuring loop sees ---------------------------------------------
 
-    def info(self, check: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Device kind, device count and jax version of the actors (from the first one).
+    def info(self) -> dict[str, Any]:
+        """Device kind, device count and jax version of the measuring processes (rank 0 of
+        a first group, started for it if none runs)."""
+        if not self._groups:
+            self._switch(self.layout.shape_for(SubmeshShape(hosts=1, devices_per_host=1)), 1)
+        if not self._groups:
+            raise RuntimeError(f"no Ray node can run a measuring process: {self.layout.describe()}")
+        info = self._groups[0].info
+        assert info is not None
+        return info
 
-        Waits for the actor to start (up to `ACTOR_START_TIMEOUT_S`), calling `check` a few
-        times a second so that a cancel or a shutdown can interrupt the start-up."""
-        ref = self._slots[0].actor.info.remote()
-        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
-        while True:
-            ready, _ = ray.wait([ref], timeout=INFO_POLL_S)
-            if ready:
-                return ray.get(ref)
-            if check is not None:
-                check()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no actor answered within {ACTOR_START_TIMEOUT_S:g} s")
+    def accepts(self, submesh: SubmeshShape) -> bool:
+        """Whether a stage on `submesh` would start now: a group of its shape is free, or
+        nothing runs (the pool then turns to its shape)."""
+        if not self.busy:
+            return True
+        if self.layout.shape_for(submesh) != self._shape:
+            return False
+        return len(self._queue) < sum(g.task is None for g in self._groups)
 
     def submit(self, task: MeasureTask) -> None:
         self._queue.append(task)
@@ -188,100 +156,282 @@ class MeasurePool:
 
     @property
     def busy(self) -> bool:
-        return bool(self._queue) or any(s.task is not None for s in self._slots)
+        return bool(self._queue or self._unplaced) or any(g.task for g in self._groups)
 
     @property
     def in_flight(self) -> int:
-        return len(self._queue) + sum(s.task is not None for s in self._slots)
+        return len(self._queue) + sum(g.task is not None for g in self._groups)
 
-    def _dispatch(self) -> None:
-        for slot in self._slots:
-            if slot.task is None and self._queue:
-                task = self._queue.popleft()
-                slot.task, slot.started = task, time.monotonic()
-                slot.ref = slot.actor.measure.remote(
-                    self._model_key,
-                    self._spec_ref,
-                    task.fingerprint,
-                    task.key,
-                    self._cluster,
-                    self._options,
-                )
+    @property
+    def groups(self) -> list[MeasuringGroup]:
+        return list(self._groups)
 
     def poll(self, timeout_s: float = 1.0) -> list[StageProfileResult]:
         """Wait up to `timeout_s` for results; timed-out or lost candidates are results too."""
-        running = [s for s in self._slots if s.task is not None]
+        self._dispatch()
+        results, self._unplaced = self._unplaced, []
+        running = [g for g in self._groups if g.task is not None]
         if not running:
-            self._dispatch()
-            return []
-        ready, _ = ray.wait([s.ref for s in running], num_returns=1, timeout=timeout_s)
-        ready_ids = {r.hex() for r in ready}
-        results: list[StageProfileResult] = []
+            return results
+        if not results:
+            ray.wait([r for g in running for r in g.refs], num_returns=1, timeout=timeout_s)
         limit = self._options.candidate_timeout_s + self.config.kill_grace_s
-        now = time.monotonic()
-        for slot in running:
-            task = slot.task
-            assert task is not None
-            if slot.ref.hex() in ready_ids:
-                results.extend(self._collect(slot, task))
-            elif now - slot.started > limit:
-                logger.warning("candidate %s past %.0f s; replacing its actor", task.key, limit)
-                self._replace(slot)
-                results.append(
-                    self._failure_result(
-                        task,
-                        ProfileStatus.timeout,
-                        f"no result after {now - slot.started:.1f} s (limit "
-                        f"{self._options.candidate_timeout_s:g} s); the worker was stopped",
-                    )
-                )
+        for group in running:
+            results.extend(self._settle(group, limit))
         self._dispatch()
         return results
 
-    def _collect(self, slot: _Slot, task: MeasureTask) -> list[StageProfileResult]:
+    def stop_all(self) -> None:
+        """Drop queued work and kill every busy group (cancellation)."""
+        self._queue.clear()
+        for group in [g for g in self._groups if g.task is not None]:
+            self._drop(group)
+
+    def shutdown(self) -> None:
+        for group in list(self._groups):
+            self._drop(group)
+        self._shape = None
+
+    def actor_pids(self) -> list[int]:
+        """Process ids of the measuring processes (tests kill one)."""
+        return [int(p.rsplit(":", 1)[1]) for g in self._groups for p in g.processes]
+
+    # --- shapes and groups ------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        while self._queue:
+            task = self._queue[0]
+            shape = self.layout.shape_for(task.submesh)
+            if shape != self._shape:
+                if any(g.task is not None for g in self._groups):
+                    return  # the current shape finishes first
+                self._switch(shape)
+            elif not self._complete:
+                self._grow()
+            if not self._groups:
+                self._queue.popleft()
+                self._unplaced.append(self._unplaceable(task, shape))
+                continue
+            free = next((g for g in self._groups if g.task is None), None)
+            if free is None:
+                return
+            self._queue.popleft()
+            self._run(free, task)
+
+    def _run(self, group: MeasuringGroup, task: MeasureTask) -> None:
+        group.task, group.started, group.first_done = task, time.monotonic(), None
+        group.refs = [
+            a.measure.remote(
+                self._model_key,
+                self._spec_ref,
+                task.fingerprint,
+                task.key,
+                self._cluster,
+                self._options,
+            )
+            for a in group.actors
+        ]
+
+    def _switch(self, shape: GroupShape, count: int | None = None) -> None:
+        """Respawn the pool for `shape`: `count` groups (default: all that fit)."""
+        self.shutdown()
+        self._shape = shape
+        fit = self.layout.groups_that_fit(shape)
+        want = fit if count is None else min(count, fit)
+        self._complete = want >= fit
+        if want == 0:
+            logger.warning("no room for a group of %s on %s", shape, self.layout.describe())
+            return
+        logger.info("measuring with %d group(s) of %s", want, shape)
+        self.shapes.append(shape)
+        self._groups = self._start_groups(shape, want)
+
+    def _grow(self) -> None:
+        assert self._shape is not None
+        more = self.layout.groups_that_fit(self._shape) - len(self._groups)
+        self._complete = True
+        if more > 0:
+            self._groups.extend(self._start_groups(self._shape, more))
+
+    def _start_groups(self, shape: GroupShape, count: int) -> list[MeasuringGroup]:
+        strategy = "STRICT_SPREAD" if shape.processes > 1 else "PACK"
+        bundles = [self.layout.bundle(shape) for _ in range(shape.processes)]
+        pgs = [placement_group(bundles, strategy=strategy) for _ in range(count)]
+        placed = self._placed(pgs, shape)
+        groups = [MeasuringGroup(shape, pg) for pg in placed]
+        return self._start(groups)
+
+    def _placed(self, pgs: list[PlacementGroup], shape: GroupShape) -> list[PlacementGroup]:
+        """The placement groups Ray places: all, or those placed within
+        `PLACEMENT_EXTRA_WAIT_S` of the first; the rest are removed."""
+        ready_refs = [pg.ready() for pg in pgs]
+        refs = {r.hex(): pg for r, pg in zip(ready_refs, pgs, strict=True)}
+        pending = list(ready_refs)
+        placed: list[PlacementGroup] = []
+        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=INFO_POLL_S)
+            placed.extend(refs[r.hex()] for r in ready)
+            self._check()
+            now = time.monotonic()
+            if placed and deadline > now + PLACEMENT_EXTRA_WAIT_S:
+                deadline = now + PLACEMENT_EXTRA_WAIT_S
+            if pending and now > deadline:
+                break
+        placed_ids = {pg.id.hex() for pg in placed}
+        for pg in pgs:
+            if pg.id.hex() not in placed_ids:
+                remove_placement_group(pg)
+        if not placed:
+            raise TimeoutError(
+                f"Ray placed no group of {shape} within {ACTOR_START_TIMEOUT_S:g} s "
+                f"(nodes: {self.layout.describe()})"
+            )
+        return placed
+
+    def _start(self, groups: list[MeasuringGroup]) -> list[MeasuringGroup]:
+        """Spawn the groups' processes and let each group join; returns those that did."""
+        addresses = {id(g): g.spawn(self.layout) for g in groups}
+        self.actors_started += sum(len(g.actors) for g in groups)
+        for g in groups:
+            ref = addresses[id(g)]
+            if ref is not None:
+                addresses[id(g)] = self._answers([ref])
+        joins = {id(g): g.join(_first(addresses[id(g)])) for g in groups}
+        self._wait([r for refs in joins.values() for r in refs if r is not None], "join its group")
+        started = []
+        for g in groups:
+            try:
+                g.joined(ray.get(joins[id(g)]))
+                started.append(g)
+            except Exception as err:  # a process that died while joining
+                logger.warning("a group of %s did not start: %s", g.shape, err)
+                g.kill()
+                remove_placement_group(g.pg)
+        if not started:
+            raise RuntimeError(f"no group of {groups[0].shape} started")
+        return started
+
+    def _answers(self, refs: list[Any]) -> Any:
+        self._wait(refs, "start")
         try:
-            result = ray.get(slot.ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as err:
-            attempt = self._attempts.add(task.fingerprint)
-            logger.warning("worker died measuring %s (attempt %d): %s", task.key, attempt, err)
-            self._replace(slot)
-            if attempt < self.retry.max_attempts:
-                self._queue.appendleft(task)
-                return []
+            return ray.get(refs)
+        except Exception as err:
+            return err
+
+    def _wait(self, refs: list[Any], what: str) -> None:
+        """Wait for `refs`, calling `check` a few times a second (a cancel or shutdown
+        interrupts a start), at most `ACTOR_START_TIMEOUT_S`."""
+        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=INFO_POLL_S)
+            self._check()
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"measuring processes did not {what} within {ACTOR_START_TIMEOUT_S:g} s"
+                )
+
+    def _drop(self, group: MeasuringGroup) -> None:
+        group.kill()
+        remove_placement_group(group.pg)
+        self._groups.remove(group)
+        if not self._groups:
+            self._shape = None
+
+    def _respawn(self, group: MeasuringGroup) -> None:
+        """A new set of processes for `group` (after a death, a timeout or a rank failing
+        alone); a group that cannot restart is dropped."""
+        group.kill()
+        self.actors_replaced += group.shape.processes
+        try:
+            self._start([group])
+        except Exception as err:
+            logger.warning("dropping a group of %s that did not restart: %s", group.shape, err)
+            remove_placement_group(group.pg)
+            self._groups.remove(group)
+            if not self._groups:
+                self._shape = None
+
+    # --- results ---------------------------------------------------------------------
+
+    def _settle(self, group: MeasuringGroup, limit: float) -> list[StageProfileResult]:
+        task = group.task
+        assert task is not None
+        done, pending = ray.wait(group.refs, num_returns=len(group.refs), timeout=0)
+        answers = [_outcome(r) for r in done]
+        lost = next((a for a in answers if isinstance(a, ACTOR_ERRORS)), None)
+        if lost is not None:
+            return self._lost(group, task, lost)
+        if not pending:
+            return [self._collect(group, task, answers)]
+        now = time.monotonic()
+        if done and group.first_done is None:
+            group.first_done = now
+        failed = [a for a in answers if isinstance(a, StageProfileResult) and not a.ok]
+        if failed and group.first_done is not None and now - group.first_done > RANK_GRACE_S:
+            logger.warning("a rank failed alone measuring %s; restarting its group", task.key)
+            self._respawn(group)
+            return [failed[0]]
+        if now - group.started > limit:
+            logger.warning("candidate %s past %.0f s; replacing its group", task.key, limit)
+            self._respawn(group)
             return [
                 self._failure_result(
                     task,
-                    ProfileStatus.worker_lost,
-                    f"the worker died {attempt} times measuring this candidate: {err}",
+                    ProfileStatus.timeout,
+                    f"no result after {now - group.started:.1f} s (limit "
+                    f"{self._options.candidate_timeout_s:g} s); the worker was stopped",
                 )
             ]
-        except ray.exceptions.RayTaskError as err:
-            slot.task = slot.ref = None
-            return [self._failure_result(task, ProfileStatus.runtime_error, str(err))]
-        slot.task = slot.ref = None
-        return [result]
+        return []
 
-    def _replace(self, slot: _Slot) -> None:
-        ray.kill(slot.actor, no_restart=True)
-        slot.actor = self._new_actor()
-        slot.task = slot.ref = None
-        self.actors_replaced += 1
+    def _collect(
+        self, group: MeasuringGroup, task: MeasureTask, answers: list[Any]
+    ) -> StageProfileResult:
+        group.task, group.refs = None, []
+        error = next((a for a in answers if isinstance(a, Exception)), None)
+        if error is not None:
+            if group.shape.processes > 1:  # the other ranks' state is unknown
+                self._respawn(group)
+            return self._failure_result(task, ProfileStatus.runtime_error, str(error))
+        return combine(answers)
 
-    def stop_all(self) -> None:
-        """Drop queued work and kill every busy actor (cancellation)."""
-        self._queue.clear()
-        for slot in self._slots:
-            if slot.task is not None:
-                self._replace(slot)
-
-    def shutdown(self) -> None:
-        for slot in self._slots:
-            ray.kill(slot.actor, no_restart=True)
-        self._slots = []
-
-    def actor_pids(self) -> list[int]:
-        """Process ids of the actors (tests kill one)."""
+    def _lost(
+        self, group: MeasuringGroup, task: MeasureTask, err: Exception
+    ) -> list[StageProfileResult]:
+        attempt = self._attempts.add(task.fingerprint)
+        logger.warning("a process died measuring %s (attempt %d): %s", task.key, attempt, err)
+        self._respawn(group)
+        if attempt < self.retry.max_attempts:
+            self._queue.appendleft(task)
+            return []
         return [
-            ray.get(s.actor.info.remote(), timeout=ACTOR_START_TIMEOUT_S)["pid"]
-            for s in self._slots
+            self._failure_result(
+                task,
+                ProfileStatus.worker_lost,
+                f"the worker died {attempt} times measuring this candidate: {err}",
+            )
         ]
+
+    def _unplaceable(self, task: MeasureTask, shape: GroupShape) -> StageProfileResult:
+        return self._failure_result(
+            task,
+            ProfileStatus.runtime_error,
+            f"submesh {task.submesh} needs a group of {shape}, which no Ray node set fits "
+            f"(nodes: {self.layout.describe()})",
+        )
+
+
+def _outcome(ref: Any) -> Any:
+    """A finished ref's value, or the exception it raised."""
+    try:
+        return ray.get(ref)
+    except Exception as err:
+        return err
+
+
+def _first(answer: Any) -> str | None:
+    if answer is None or isinstance(answer, Exception):
+        return None
+    return str(answer[0])

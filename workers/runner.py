@@ -37,7 +37,15 @@ from store.jobs import cancelled_expired_ids, reap_cancelled_expired, release_le
 from workers.counters import RunnerCounters
 from workers.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
 from workers.job_inputs import JobFailed, ZooBuilder, enumerate_space, load_job
-from workers.pool import KILL_GRACE_S, MeasurePool, MeasureTask, PoolConfig, RetryPolicy
+from workers.placement import Layout
+from workers.pool import (
+    KILL_GRACE_S,
+    MeasurePool,
+    MeasureTask,
+    PoolConfig,
+    RetryPolicy,
+    make_layout,
+)
 from workers.retry import StoreRetry, is_transient
 from workers.stage_ledger import StageLedger
 from workers.stage_loop import MeasureLoop
@@ -58,7 +66,10 @@ class RunnerConfig:
     cancel_check_seconds: float = 1.0
     # How long the measuring loop waits for a result before it looks at its stop signals.
     poll_seconds: float = 0.5
+    # Most measuring groups at once (default: as many as the Ray cluster's devices fit).
     num_workers: int | None = None
+    # Every measuring process owns this many devices and measures every shape: the pool of
+    # one shape, without packing or hosts (a baseline). Default: sized per shape.
     devices_per_worker: int | None = None
     use_gpus: bool = False
     kill_grace_s: float = KILL_GRACE_S
@@ -250,7 +261,7 @@ class JobRunner(MeasureLoop):
 
     def _stop_pool(self, stats: JobStats) -> None:
         if self.pool is not None:
-            stats.actors_started = self.pool.config.num_workers + self.pool.actors_replaced
+            stats.actors_started = self.pool.actors_started
             stats.actors_replaced = self.pool.actors_replaced
             self.pool.shutdown()
             self.pool = None
@@ -332,7 +343,8 @@ class JobRunner(MeasureLoop):
             raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
 
         space = enumerate_space(spec, cluster, options, keeper)
-        pool_config = self._pool_config(cluster, space)
+        pool_config = self._pool_config()
+        layout = make_layout(pool_config)
 
         def start_pool() -> MeasurePool:
             return MeasurePool(
@@ -343,11 +355,13 @@ class JobRunner(MeasureLoop):
                 options=options,
                 failure_result=_FailureFactory(space, cluster).make,
                 retry=self.config.retry,
+                layout=layout,
+                check=keeper.check,
             )
 
         if self._worker_info is None:  # first job of this runner: ask the actors once
             self.pool = start_pool()
-            self._worker_info = self.pool.info(keeper.check)
+            self._worker_info = self.pool.info()
         device_kind = str(self._worker_info["device_kind"])
         jax_version = str(self._worker_info["jax_version"])
 
@@ -402,7 +416,18 @@ class JobRunner(MeasureLoop):
             # Small stages first: they are cheap and bound the big ones, which may then
             # never need measuring. Within a size, larger submeshes first (as Alpa).
             to_measure.sort(key=lambda fp: _measure_order(keys_by_fp[fp], space))
-        self._measure(job_id, to_measure, keys_by_fp, pruner, stats, start_pool, keeper, ledger)
+        to_measure = _by_group_shape(to_measure, keys_by_fp, space, layout)
+        self._measure(
+            job_id,
+            to_measure,
+            keys_by_fp,
+            space.submeshes,
+            pruner,
+            stats,
+            start_pool,
+            keeper,
+            ledger,
+        )
 
         def to_planning(s: Session) -> Any:
             if not store.set_job_status(
@@ -421,16 +446,25 @@ class JobRunner(MeasureLoop):
             raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")
         return keeper.call("dp", planner.build_plan, spec, cluster, options, space, results)
 
-    def _pool_config(self, cluster: ClusterSpec, space: Any) -> PoolConfig:
-        largest = max(m.num_devices for m in space.submeshes)
-        devices = self.config.devices_per_worker or largest
-        workers = self.config.num_workers or max(1, min(2, os.cpu_count() or 1))
+    def _pool_config(self) -> PoolConfig:
         return PoolConfig(
-            num_workers=workers,
-            devices_per_worker=devices,
+            max_groups=self.config.num_workers,
+            one_shape=self.config.devices_per_worker,
             use_gpus=self.config.use_gpus,
             kill_grace_s=self.config.kill_grace_s,
         )
+
+
+def _by_group_shape(
+    fingerprints: list[str], keys_by_fp: dict[str, list[StageKey]], space: Any, layout: Layout
+) -> list[str]:
+    """The stages grouped by the shape of group that measures them (the pool runs one shape
+    at a time), shapes in the order they first come, each keeping its stages' order."""
+    by_shape: dict[Any, list[str]] = {}
+    for fp in fingerprints:
+        submesh = space.submeshes[keys_by_fp[fp][0].submesh_id]
+        by_shape.setdefault(layout.shape_for(submesh), []).append(fp)
+    return [fp for group in by_shape.values() for fp in group]
 
 
 def _measure_order(keys: list[StageKey], space: Any) -> tuple[int, int]:

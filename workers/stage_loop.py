@@ -4,14 +4,14 @@ waited for, and stages that cannot be in a better plan are skipped."""
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 import planner
 import store
-from schemas import StageKey, StageProfileResult
+from schemas import StageKey, StageProfileResult, SubmeshShape
 from workers.heartbeat import LeaseKeeper
 from workers.pool import MeasurePool, MeasureTask
 from workers.retry import StoreRetry, is_transient
@@ -38,13 +38,15 @@ class MeasureLoop:
         job_id: str,
         fingerprints: list[str],
         keys_by_fp: dict[str, list[StageKey]],
+        submeshes: Sequence[SubmeshShape],
         pruner: planner.StagePruner | None,
         stats: "JobStats",
         start_pool: Callable[[], MeasurePool],
         keeper: LeaseKeeper,
         ledger: StageLedger,
     ) -> None:
-        """Submit stages as actors free up (a bounded queue), skipping what cannot matter,
+        """Submit stages as measuring groups free up (one group shape at a time: the pool
+        accepts a stage when a group of its shape is free), skipping what cannot matter,
         and what another runner is measuring (its result is waited for).
 
         Actors start at the first stage that needs measuring: a warm re-plan starts none.
@@ -60,7 +62,8 @@ class MeasureLoop:
             keeper.check()
             skipped: list[str] = []
             while queue and (
-                self.pool is None or self.pool.in_flight < self.pool.config.num_workers
+                self.pool is None
+                or self.pool.accepts(submeshes[keys_by_fp[queue[0]][0].submesh_id])
             ):
                 fp = queue[0]
                 if pruner is not None and pruner.prunable(k.as_tuple() for k in keys_by_fp[fp]):
@@ -76,7 +79,8 @@ class MeasureLoop:
                     continue
                 if self.pool is None:
                     self.pool = start_pool()
-                self.pool.submit(MeasureTask(fingerprint=fp, key=keys_by_fp[fp][0]))
+                key = keys_by_fp[fp][0]
+                self.pool.submit(MeasureTask(fp, key, submeshes[key.submesh_id]))
             if skipped:
                 self._store_pruned(job_id, skipped, stats)
             settled, freed = ledger.settle_waiting()

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from schemas import FLOAT_DTYPES
+from workers.group_sync import all_processes, any_process
 
 ENV_CLOCK = "STAGEPROF_TIMING_CLOCK"  # wall (default) or cpu
 
@@ -39,9 +40,10 @@ class Deadline:
         return self._clock() - self._start
 
     def check(self, phase: str) -> None:
-        """Raise `CandidateTimeout` when the budget is spent (after `phase`)."""
+        """Raise `CandidateTimeout` when the budget is spent (after `phase`); in a group of
+        processes, in all of them when it is spent in any (`workers.group_sync`)."""
         elapsed = self.elapsed_s
-        if elapsed > self.limit_s:
+        if any_process(elapsed > self.limit_s):
             raise CandidateTimeout(phase, elapsed, self.limit_s)
 
 
@@ -72,8 +74,9 @@ def time_runs(
     """`warmup` untimed then at least `repeats` timed calls of `run`, each ended by
     `block_until_ready`. With `max_repeats` and `target_spread`, timed calls go on until
     `relative_spread` of the samples is at most `target_spread`, there are `max_repeats`
-    of them, or (with `budget_s`) the timed calls add up to `budget_s`. The deadline is
-    checked after each call. Returns the samples (seconds of `clock`) and the last result."""
+    of them, or (with `budget_s`) the timed calls add up to `budget_s`; in a group of
+    processes, until that holds in every one of them. The deadline is checked after each
+    call. Returns the samples (seconds of `clock`) and the last result."""
     out = None
     for _ in range(warmup):
         out = None
@@ -81,11 +84,16 @@ def time_runs(
         deadline.check(f"{phase} warm-up")
     cap = repeats if max_repeats is None or target_spread is None else max(repeats, max_repeats)
     samples: list[float] = []
-    while len(samples) < cap:
-        if len(samples) >= repeats and (
-            relative_spread(samples) <= (target_spread or 0.0)
-            or (budget_s is not None and sum(samples) >= budget_s)
-        ):
+    while True:
+        enough = len(samples) >= cap or (
+            len(samples) >= repeats
+            and (
+                relative_spread(samples) <= (target_spread or 0.0)
+                or (budget_s is not None and sum(samples) >= budget_s)
+            )
+        )
+        # A group of processes stops together: once every one of them has enough.
+        if all_processes(enough):
             break
         out = None
         t0 = clock()

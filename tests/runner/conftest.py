@@ -23,11 +23,13 @@ FAST_OPTIONS = PlanOptions(
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    """A local Ray of 2 CPUs, started once (a multi-node test may have replaced it: then
+    started again); Ray stops it when the session's process exits."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
-    ray.shutdown()
 
 
 @pytest.fixture

@@ -1,0 +1,163 @@
+"""Measuring groups on a real two-node Ray cluster: a 2-host submesh runs as one SPMD
+program over two processes on distinct nodes (gloo CPU collectives), groups are respawned
+per shape and packed, and a dead rank loses only its candidate."""
+
+import os
+import time
+from typing import Any
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group_table
+
+from client import zoo
+from planner import enumerate_candidates
+from schemas import ClusterSpec, ModelSpec, PlanOptions, ProfileStatus, StageKey
+from workers.measure import measure_stage
+from workers.placement import GroupShape
+from workers.pool import MeasurePool, MeasureTask, PoolConfig, RetryPolicy
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
+
+CLUSTER = ClusterSpec(num_hosts=2, devices_per_host=2)
+OPTIONS = PlanOptions(
+    num_microbatches=4,
+    config_space="data_parallel_only",
+    strategies=["data"],
+    repeats=2,
+    warmup=1,
+    candidate_timeout_s=120,
+)
+
+
+@pytest.fixture(scope="module")
+def spec() -> ModelSpec:
+    return zoo.build(
+        "gpt", num_layers=2, hidden_size=32, num_heads=2, seq_len=16, vocab_size=128, batch_size=4
+    )
+
+
+def _keys(spec: ModelSpec, hosts: int, devices: int) -> list[tuple[StageKey, Any]]:
+    space = enumerate_candidates(spec, CLUSTER, OPTIONS)
+    return [
+        (k, space.submeshes[k.submesh_id])
+        for k in space.keys
+        if space.submeshes[k.submesh_id].as_tuple() == (hosts, devices)
+    ]
+
+
+def _failure(task: MeasureTask, status: ProfileStatus, error: str) -> Any:
+    return (status, error)
+
+
+def _pool(spec: ModelSpec, retry: RetryPolicy | None = None) -> MeasurePool:
+    return MeasurePool(
+        PoolConfig(),
+        model_key="m",
+        spec=spec,
+        cluster=CLUSTER,
+        options=OPTIONS,
+        failure_result=_failure,
+        retry=retry,
+    )
+
+
+def _result(pool: MeasurePool, timeout_s: float = 240) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        results = pool.poll(1.0)
+        if results:
+            assert len(results) == 1
+            return results[0]
+    raise AssertionError("no result")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_two_host_candidate_runs_on_two_nodes_and_equals_one_process(spec: ModelSpec) -> None:
+    key, submesh = _keys(spec, 2, 2)[0]
+    pool = _pool(spec)
+    try:
+        pool.submit(MeasureTask("fp", key, submesh))
+        (group,) = pool.groups
+        assert group.shape == GroupShape(2, 2)
+        assert group.info is not None and group.info["num_devices"] == 4
+        assert group.info["local_devices"] == 2
+        table = placement_group_table(group.pg)
+        assert table["strategy"] == "STRICT_SPREAD"
+        assert len(set(table["bundles_to_node_id"].values())) == 2
+        result = _result(pool)
+    finally:
+        pool.shutdown()
+    assert result.status == ProfileStatus.ok, result.error
+    nodes = {p.split(":")[0] for p in result.measured_by}
+    assert len(result.measured_by) == 2 and len(nodes) == 2
+    # The independent reference: the same stage in this one process, on 4 of its devices.
+    alone = measure_stage(spec, key, CLUSTER, OPTIONS)
+    assert alone.ok, alone.error
+    assert result.flops == pytest.approx(alone.flops, rel=1e-6)
+    assert result.initial_var_size == alone.initial_var_size
+    assert result.intermediate_size == alone.intermediate_size
+    assert result.peak_memory == alone.peak_memory
+    for ours, ref in zip(result.module_profile_results, alone.module_profile_results, strict=True):
+        assert ours.flops == pytest.approx(ref.flops, rel=1e-6)
+        assert ours.collective_bytes == ref.collective_bytes
+        assert ours.compute_cost > 0
+
+
+def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
+    (key2, mesh2), *_ = _keys(spec, 2, 2)
+    ones = _keys(spec, 1, 1)
+    pool = _pool(spec)
+    try:
+        pool.submit(MeasureTask("a", key2, mesh2))
+        first = pool.actor_pids()
+        assert _result(pool).status == ProfileStatus.ok
+        key1, mesh1 = ones[0]
+        assert pool.accepts(mesh1)  # idle: it turns to the new shape
+        pool.submit(MeasureTask("b", key1, mesh1))
+        # 2 nodes x 2 devices: four 1-device groups, none holding more than its device
+        assert [g.shape for g in pool.groups] == [GroupShape(1, 1)] * 4
+        assert all(g.info and g.info["num_devices"] == 1 for g in pool.groups)
+        assert not any(_alive(pid) for pid in first)
+        assert len({g.processes[0].split(":")[0] for g in pool.groups}) == 2
+        for key, mesh in ones[1:4]:
+            assert pool.accepts(mesh)
+            pool.submit(MeasureTask(str(key), key, mesh))
+        assert not pool.accepts(mesh1)  # all four busy
+        done = []
+        while len(done) < 4:
+            done.extend(pool.poll(1.0))
+        assert all(r.status == ProfileStatus.ok for r in done)
+        assert len({r.measured_by for r in done}) == 4
+        assert [str(s) for s in pool.shapes] == ["2 processes x 2", "1 process x 1"]
+    finally:
+        pool.shutdown()
+
+
+def test_a_dead_rank_loses_its_candidate_and_the_group_goes_on(spec: ModelSpec) -> None:
+    (key, mesh), *_ = _keys(spec, 2, 2)
+    pool = _pool(spec, RetryPolicy(max_attempts=1))
+    try:
+        pool.submit(MeasureTask("x", key, mesh))
+        before = pool.actor_pids()
+        os.kill(before[1], 9)  # rank 1, on the second node
+        lost = _result(pool)
+        assert lost[0] == ProfileStatus.worker_lost, lost
+        assert pool.actors_replaced == 2  # the whole group, not only the dead rank
+        after = pool.actor_pids()
+        assert not set(after) & set(before)
+        assert not any(_alive(pid) for pid in before)
+        pool.submit(MeasureTask("y", key, mesh))
+        result = _result(pool)
+        assert result.status == ProfileStatus.ok, result.error
+        assert {int(p.split(":")[1]) for p in result.measured_by} == set(after)
+    finally:
+        pool.shutdown()
+    assert ray.is_initialized()

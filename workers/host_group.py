@@ -1,0 +1,173 @@
+"""A measuring group: the processes that measure a stage as one SPMD program.
+
+A group of shape H x D is H Ray actors, one per bundle of a STRICT_SPREAD placement group
+(so one per node), each with D devices. Rank 0 picks `node_ip:free_port`; every rank calls
+`jax.distributed.initialize` with it before anything touches its backend (gloo collectives
+on CPU devices, NCCL on GPUs), and from then on they compile and run each candidate together
+over the H x D mesh. A process cannot join a second group, so a group lives for one shape
+and is respawned as a whole: after a shape, a death, or a timeout. Its result is the slowest
+host's timing, with every process in `measured_by`.
+"""
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from schemas import ClusterSpec, ModelSpec, PlanOptions, StageKey, StageProfileResult
+from workers.placement import GroupShape, Layout
+
+logger = logging.getLogger(__name__)
+
+# Measurement settings of this process that its actors follow (workers.quiet, timing).
+FORWARDED_ENV = ("STAGEPROF_QUIET_TIMING", "STAGEPROF_LOCK_DIR", "STAGEPROF_TIMING_CLOCK")
+JOIN_TIMEOUT_S = 120
+
+
+def worker_env(devices: int, use_gpus: bool, rank: int = 0) -> dict[str, str]:
+    """Environment of an actor process: N virtual CPU devices unless it has GPUs, and this
+    process's measurement settings (`FORWARDED_ENV`). Only rank 0 of a group takes the
+    machine's quiet-timing lock: ranks of one group that share a machine would otherwise
+    wait for each other inside a collective."""
+    forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    if rank > 0:
+        forwarded["STAGEPROF_QUIET_TIMING"] = "0"
+    if use_gpus:
+        return forwarded
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
+    flags = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", **forwarded}
+
+
+class HostWorker:
+    """Ray actor body: one process of a measuring group (rank `rank` of `size`)."""
+
+    def __init__(self, rank: int, size: int, use_gpus: bool) -> None:
+        self.rank, self.size, self.use_gpus = rank, size, use_gpus
+        self.ident = f"{ray.get_runtime_context().get_node_id()[:12]}:{os.getpid()}"
+        self._spec_cache: dict[str, ModelSpec] = {}
+
+    def coordinator_address(self) -> str:
+        """`node_ip:port` of a port free on this node, for the group's coordinator."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, coordinator: str | None) -> dict[str, Any]:
+        """Join the group (a no-op for a group of one), then report the devices."""
+        import jax
+
+        if self.size > 1:
+            if not self.use_gpus:
+                jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(
+                coordinator,
+                num_processes=self.size,
+                process_id=self.rank,
+                initialization_timeout=JOIN_TIMEOUT_S,
+            )
+        devices = jax.devices()
+        return {
+            "device_kind": devices[0].device_kind,
+            "num_devices": len(devices),
+            "local_devices": jax.local_device_count(),
+            "jax_version": jax.__version__,
+            "pid": os.getpid(),
+            "process": self.ident,
+        }
+
+    def measure(
+        self,
+        model_key: str,
+        spec: ModelSpec,
+        fingerprint: str,
+        key: StageKey,
+        cluster: ClusterSpec,
+        options: PlanOptions,
+    ) -> StageProfileResult:
+        import jax
+
+        from workers.measure import measure_stage
+
+        spec = self._spec_cache.setdefault(model_key, spec)
+        result = measure_stage(spec, key, cluster, options, devices=jax.devices())
+        return result.model_copy(
+            update={"fingerprint": fingerprint, "key": key, "measured_by": (self.ident,)}
+        )
+
+
+@dataclass
+class MeasuringGroup:
+    """The actors of one group in their placement group, and the candidate they run."""
+
+    shape: GroupShape
+    pg: PlacementGroup
+    actors: list[Any] = field(default_factory=list)
+    processes: list[str] = field(default_factory=list)  # `node:pid` of each rank, once joined
+    info: dict[str, Any] | None = None  # rank 0's `join` answer
+    task: Any = None
+    refs: list[Any] = field(default_factory=list)
+    started: float = 0.0
+    first_done: float | None = None  # when the first rank answered (others still running)
+
+    def spawn(self, layout: Layout) -> Any:
+        """Start one actor per bundle; returns the ref of rank 0's coordinator address
+        (None for a group of one)."""
+        cls = ray.remote(HostWorker)
+        size = self.shape.processes
+        self.actors = []
+        for rank in range(size):
+            opts: dict[str, Any] = {
+                "num_cpus": layout.cpus_per_process,
+                "runtime_env": {"env_vars": worker_env(self.shape.devices, layout.use_gpus, rank)},
+                "max_restarts": 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=rank
+                ),
+            }
+            resource = layout.device_resource
+            if resource == "GPU":
+                opts["num_gpus"] = self.shape.devices
+            elif resource is not None:
+                opts["resources"] = {resource: self.shape.devices}
+            self.actors.append(cls.options(**opts).remote(rank, size, layout.use_gpus))
+        self.processes, self.info = [], None
+        return self.actors[0].coordinator_address.remote() if size > 1 else None
+
+    def join(self, coordinator: str | None) -> list[Any]:
+        """Ask every rank to join the group; returns the refs of their answers."""
+        return [a.join.remote(coordinator) for a in self.actors]
+
+    def joined(self, infos: list[dict[str, Any]]) -> None:
+        self.info = infos[0]
+        self.processes = [i["process"] for i in infos]
+
+    def kill(self) -> None:
+        """Kill every process of the group (its placement group stays reserved)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors, self.refs, self.task, self.first_done = [], [], None, None
+
+
+def combine(results: list[StageProfileResult]) -> StageProfileResult:
+    """One group's result from its ranks': the first failure if any failed, else the
+    slowest host's timing of each module; `measured_by` names every process."""
+    processes = tuple(p for r in results for p in r.measured_by)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        return failed[0].model_copy(update={"measured_by": processes})
+    first = results[0]
+    modules = []
+    for i, module in enumerate(first.module_profile_results):
+        ranks = [r.module_profile_results[i] for r in results if len(r.module_profile_results) > i]
+        modules.append(max(ranks, key=lambda m: m.compute_cost) if ranks else module)
+    return first.model_copy(
+        update={"module_profile_results": tuple(modules), "measured_by": processes}
+    )
