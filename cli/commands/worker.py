@@ -13,25 +13,28 @@ RAY_SHUTDOWN_BUDGET_S = 2.0
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that size the Ray pool; each defaults to its environment variable."""
+    """Flags that size the measuring groups; each defaults to its environment variable."""
     parser.add_argument(
         "--workers",
         type=int,
         default=_env_int("STAGEPROF_WORKERS"),
-        help="measuring actors (env STAGEPROF_WORKERS; default: min(2, CPUs))",
+        help="most measuring groups at once (env STAGEPROF_WORKERS; default: as many as the "
+        "Ray cluster's device and CPU resources fit)",
     )
     parser.add_argument(
         "--devices-per-worker",
         type=int,
         default=_env_int("STAGEPROF_DEVICES_PER_WORKER"),
-        help="devices each actor owns (env STAGEPROF_DEVICES_PER_WORKER; default: the "
-        "largest submesh)",
+        help="the old one-shape pool: every actor owns N devices and measures every submesh "
+        "shape, no packing, a baseline (env STAGEPROF_DEVICES_PER_WORKER; default: off, "
+        "groups sized to each shape)",
     )
     parser.add_argument(
         "--gpus",
         action="store_true",
         default=os.environ.get("STAGEPROF_USE_GPUS", "") == "1",
-        help="give actors GPUs through Ray num_gpus (env STAGEPROF_USE_GPUS=1)",
+        help="give actors whole GPUs through Ray num_gpus, NCCL between hosts (env "
+        "STAGEPROF_USE_GPUS=1)",
     )
     parser.add_argument(
         "--lease-seconds",

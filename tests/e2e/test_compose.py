@@ -1,10 +1,13 @@
 """docker-compose.yml (+ the GPU override) and the Dockerfile agree with the code: no Docker
-engine needed. Every `stageprof ...` command parses with the CLI's parser, every STAGEPROF_*
-variable is one the code reads, the services start in order and share one database and Ray."""
+engine needed. Every `stageprof ...` command parses with the CLI's parser and every `ray start`
+with Ray's, every STAGEPROF_* variable is one the code reads, the services start in order and
+share one database and Ray, and the workers offer their devices to Ray as the runner expects
+(CPU workers the `stageprof_devices` resource, GPU workers Ray's own GPUs)."""
 
 import argparse
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -18,6 +21,7 @@ import yaml
 from cli.commands.worker import runner_config
 from cli.main import build_parser
 from server.settings import Settings
+from workers.ray_env import DEVICE_RESOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
@@ -126,6 +130,46 @@ def env_of(service: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in env.items()}
 
 
+_VARIABLE = re.compile(r"\$(?:\{(\w+)(?::([-?])([^}]*))?\}|(\w+))")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """`$VAR`, `${VAR}`, `${VAR:-default}` and `${VAR:?message}` as sh (and compose's
+    interpolation) expand them; an unset `${VAR:?...}` stays as it is."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(4)
+        if env.get(name):
+            return env[name]
+        if match.group(2) == "-":
+            return match.group(3)
+        return match.group(0) if match.group(2) == "?" else ""
+
+    return _VARIABLE.sub(one, text)
+
+
+def container_env(service: dict[str, Any]) -> dict[str, str]:
+    """The service's environment inside its container: compose's `${VAR:-default}` values
+    interpolated as on a host that sets none of them."""
+    return {name: expand(value, {}) for name, value in env_of(service).items()}
+
+
+def ray_start_args(compose: dict[str, Any], name: str) -> list[str]:
+    """The arguments of the service's `ray start`, its shell variables expanded."""
+    service = compose["services"][name]
+    env = container_env(service)
+    (command,) = [c for c in shell_commands(service_argv(service)) if c[:2] == ["ray", "start"]]
+    args = [expand(word, env) for word in command[2:]]
+    assert not [a for a in args if "$" in a], f"{name}: a variable left unexpanded in {args}"
+    return args
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    assert len(values) <= 1, f"{flag} given twice: {args}"
+    return values[0] if values else None
+
+
 def test_the_stack_has_its_services() -> None:
     assert set(STAGEPROF_SERVICES) | {"postgres"} <= set(BASE["services"])
 
@@ -210,12 +254,52 @@ def test_workers_join_the_ray_head_then_run_a_runner(compose: dict[str, Any]) ->
     assert env["RAY_ADDRESS"] == f"ray-head:{port}"
     ray_start, runner = shell_commands(service_argv(worker))
     assert ray_start[:2] == ["ray", "start"] and "--address=$RAY_ADDRESS" in ray_start
-    assert stageprof_args(runner) == ["worker", *_words(worker["command"])]
+    assert stageprof_args(runner) == ["worker", *_words(worker.get("command"))]
     # The head, its nodes and the drivers share Ray's auth settings.
     ray_auth = {k: v for k, v in env.items() if k.startswith("RAY_AUTH")}
     assert ray_auth and ray_auth == {
         k: v for k, v in env_of(head).items() if k.startswith("RAY_AUTH")
     }
+
+
+@COMPOSES
+def test_every_ray_start_parses_with_rays_cli(compose: dict[str, Any]) -> None:
+    import click
+    from ray.scripts.scripts import start
+
+    for name in ("ray-head", "worker"):
+        args = ray_start_args(compose, name)
+        try:
+            start.make_context("ray start", list(args))
+        except click.ClickException as err:
+            pytest.fail(f"{name}: `ray start {shlex.join(args)}` does not parse: {err}")
+
+
+def test_cpu_workers_offer_their_devices_as_the_stageprof_devices_resource() -> None:
+    worker = BASE["services"]["worker"]
+    resources = flag_value(ray_start_args(BASE, "worker"), "--resources")
+    assert resources is not None, "CPU workers must offer their devices to Ray"
+    devices = int(container_env(worker)["NODE_DEVICES"])
+    assert devices >= 1 and json.loads(resources) == {DEVICE_RESOURCE: devices}
+    # The head schedules only: no CPUs and no devices, so measuring runs on the workers.
+    head = ray_start_args(BASE, "ray-head")
+    assert flag_value(head, "--num-cpus") == "0" and flag_value(head, "--resources") is None
+
+
+def test_gpu_workers_offer_the_gpus_ray_detects() -> None:
+    args = ray_start_args(GPU, "worker")
+    assert flag_value(args, "--resources") is None  # no virtual devices beside the GPUs
+    assert flag_value(args, "--num-gpus") is None  # Ray counts the reserved GPUs itself
+
+
+@COMPOSES
+def test_runners_pack_measuring_groups_onto_the_cluster(compose: dict[str, Any]) -> None:
+    """No --devices-per-worker (one pool of equal actors, packing off) and no --workers (the
+    runner fits as many groups as the cluster's devices and CPUs allow)."""
+    (args,) = stageprof_commands(compose)["worker"]
+    config = runner_config(args)
+    assert config.devices_per_worker is None and config.num_workers is None
+    assert "STAGEPROF_DEVICES_PER_WORKER" not in env_of(compose["services"]["worker"])
 
 
 def test_every_stageprof_service_builds_the_same_image() -> None:
