@@ -185,18 +185,18 @@ class LoadSampler:
 
 @contextmanager
 def counting_actor_time() -> Iterator[dict[str, float]]:
-    """Within the block, the runner's pools add each task's time on an actor (from dispatch
-    to its result collected) to `clock["busy"]` and count tasks in `clock["tasks"]`."""
+    """Within the block, the runner's pools add each task's time on a measuring group (from
+    dispatch to its result collected) to `clock["busy"]` and count tasks in `clock["tasks"]`."""
     import workers.runner as runner_module
     from workers.pool import MeasurePool
 
     clock = {"busy": 0.0, "tasks": 0.0}
 
     class CountingPool(MeasurePool):
-        def _collect(self, slot: Any, task: Any) -> list:
-            clock["busy"] += time.monotonic() - slot.started
+        def _collect(self, group: Any, task: Any, answers: list) -> Any:
+            clock["busy"] += time.monotonic() - group.started
             clock["tasks"] += 1
-            return super()._collect(slot, task)
+            return super()._collect(group, task, answers)
 
     original = runner_module.MeasurePool
     runner_module.MeasurePool = CountingPool  # type: ignore[misc]

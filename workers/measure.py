@@ -5,6 +5,7 @@ back as a `StageProfileResult` with that status and the error text, never as an 
 """
 
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -270,6 +271,7 @@ def measure_stage_on(
         available_memory=_available_memory(stage_devices, cluster),
         device_kind=device_kind,
         jax_version=jax.__version__,
+        measured_by=(f"local:{os.getpid()}",),  # a measuring group names its processes
     )
     measured = _Measured()
     try:

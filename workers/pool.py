@@ -130,11 +130,13 @@ class MeasurePool:
 
     # --- what the measuring loop sees ---------------------------------------------
 
-    def info(self) -> dict[str, Any]:
+    def info(self, submesh: SubmeshShape | None = None) -> dict[str, Any]:
         """Device kind, device count and jax version of the measuring processes (rank 0 of
-        a first group, started for it if none runs)."""
+        a first group, started for it if none runs: one of `submesh`'s shape, the shape the
+        pool is likely to measure first)."""
         if not self._groups:
-            self._switch(self.layout.shape_for(SubmeshShape(hosts=1, devices_per_host=1)), 1)
+            probe = submesh or SubmeshShape(hosts=1, devices_per_host=1)
+            self._switch(self.layout.shape_for(probe), 1)
         if not self._groups:
             raise RuntimeError(f"no Ray node can run a measuring process: {self.layout.describe()}")
         info = self._groups[0].info

@@ -361,7 +361,9 @@ class JobRunner(MeasureLoop):
 
         if self._worker_info is None:  # first job of this runner: ask the actors once
             self.pool = start_pool()
-            self._worker_info = self.pool.info()
+            # stages are measured small first, on the largest submesh first (_measure_order)
+            largest = max(space.submeshes, key=lambda m: m.num_devices)
+            self._worker_info = self.pool.info(largest)
         device_kind = str(self._worker_info["device_kind"])
         jax_version = str(self._worker_info["jax_version"])
 

@@ -1,0 +1,118 @@
+"""A job on a 2 hosts x 2 devices cluster, run by the runner on a real two-node Ray: its
+2-host stages are measured across both nodes and the stored rows say by which processes;
+a process killed mid-candidate costs that candidate (`worker_lost`), not the job."""
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from client import zoo
+from migrations import upgrade
+from schemas import ClusterSpec, JobStatus, PlanOptions, ProfileStatus
+from store import (
+    create_job,
+    job_results,
+    make_engine,
+    make_sessionmaker,
+    put_model,
+    session_scope,
+)
+from store.tables import StageProfileRow
+from workers.pool import RetryPolicy
+from workers.runner import JobRunner, RunnerConfig
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
+
+CLUSTER = ClusterSpec(num_hosts=2, devices_per_host=2)
+OPTIONS = PlanOptions(
+    num_microbatches=4,
+    config_space="data_parallel_only",
+    strategies=["data"],
+    repeats=2,
+    warmup=1,
+    prune=False,
+    candidate_timeout_s=120,
+)
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> sessionmaker[Session]:
+    url = f"sqlite:///{tmp_path / 'hosts.db'}"
+    upgrade(url)
+    return make_sessionmaker(make_engine(url))
+
+
+def _queue(sessions: sessionmaker[Session], num_layers: int) -> str:
+    spec = zoo.build(
+        "gpt",
+        num_layers=num_layers,
+        hidden_size=32,
+        num_heads=2,
+        seq_len=16,
+        vocab_size=128,
+        batch_size=4,
+    )
+    with session_scope(sessions) as s:
+        model, _ = put_model(s, spec=spec)
+        return create_job(s, model_id=model.id, cluster=CLUSTER, options=OPTIONS).id
+
+
+def _results(sessions: sessionmaker[Session], job_id: str) -> dict[Any, Any]:
+    with session_scope(sessions) as s:
+        return dict(job_results(s, job_id=job_id))
+
+
+def test_two_host_stages_are_measured_across_both_nodes(
+    sessions: sessionmaker[Session],
+) -> None:
+    job_id = _queue(sessions, num_layers=1)
+    outcome = JobRunner(sessions, RunnerConfig()).run_next(job_id)
+    assert outcome is not None and outcome.status == JobStatus.done, outcome.error
+    results = _results(sessions, job_id).values()
+    spread = [r for r in results if r.submesh.hosts == 2]
+    local = [r for r in results if r.submesh.hosts == 1]
+    assert spread and local and all(r.ok for r in results)
+    for r in spread:
+        assert len(r.measured_by) == 2
+        assert len({p.split(":")[0] for p in r.measured_by}) == 2  # two nodes
+    assert all(len(r.measured_by) == 1 for r in local)
+    with session_scope(sessions) as s:
+        stored = list(s.scalars(select(StageProfileRow)))
+    assert sorted(len(row.measured_by) for row in stored) == sorted(
+        len(r.measured_by) for r in {r.fingerprint: r for r in results}.values()
+    )
+
+
+def test_a_process_killed_mid_candidate_costs_that_candidate_not_the_job(
+    sessions: sessionmaker[Session],
+) -> None:
+    job_id = _queue(sessions, num_layers=1)
+    runner = JobRunner(sessions, RunnerConfig(retry=RetryPolicy(max_attempts=1)))
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(runner.run_next(job_id)))
+    thread.start()
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None and thread.is_alive():
+        assert time.monotonic() < deadline, "no 2-host group ever ran"
+        pool = runner.pool
+        busy = [g for g in (pool.groups if pool else []) if g.task and g.shape.processes == 2]
+        if busy:
+            killed = int(busy[0].processes[1].rsplit(":", 1)[1])
+            os.kill(killed, 9)
+        time.sleep(0.05)
+    thread.join(timeout=600)
+    assert killed is not None
+    outcome = box[0]
+    assert outcome.status == JobStatus.done, outcome.error
+    by_stage = {r.fingerprint: r.status for r in _results(sessions, job_id).values()}
+    statuses = list(by_stage.values())
+    assert statuses.count(ProfileStatus.worker_lost) == 1
+    assert statuses.count(ProfileStatus.ok) == len(statuses) - 1
+    assert outcome.stats.actors_replaced == 2
