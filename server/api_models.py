@@ -118,6 +118,10 @@ class ProfileRowOut(Out):
     profile_id: int | None
     recorded_at: datetime | None
     error: str | None
+    measured_by: list[str] | None = Field(
+        description="The processes that measured it, one `<node>:<pid>` per host of its "
+        "submesh (empty for results stored before it was recorded); null while pending."
+    )
 
 
 class ProfilePageOut(Out):

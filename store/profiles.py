@@ -53,6 +53,7 @@ def _profile_values(result: StageProfileResult) -> dict[str, Any]:
         "strategy": result.config.strategy,
         "device_kind": result.device_kind,
         "jax_version": result.jax_version,
+        "measured_by": list(result.measured_by),
         "compile_seconds": result.compile_seconds,
         "error": result.error,
         "result": result.model_dump(mode="json"),
@@ -104,6 +105,8 @@ def reusable_profiles(
 
 
 def profile_result(row: StageProfileRow) -> StageProfileResult:
+    """The stored measurement as it was saved, `measured_by` included (the columns beside
+    `result` are copies of its fields for the profile table)."""
     return StageProfileResult.model_validate(row.result)
 
 

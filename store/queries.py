@@ -68,6 +68,7 @@ PROFILE_COLUMNS: dict[str, Any] = {
     "profile_id": _C.profile_id,
     "recorded_at": _C.recorded_at,
     "error": _P.error,
+    "measured_by": _P.measured_by,
 }
 _SORT_COLUMNS = {key: PROFILE_COLUMNS[key] for key in SORT_KEYS}
 

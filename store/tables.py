@@ -107,6 +107,8 @@ class StageProfileRow(Base):
     strategy: Mapped[str] = mapped_column(String(32))
     device_kind: Mapped[str] = mapped_column(String(64), default="")
     jax_version: Mapped[str] = mapped_column(String(64), default="")
+    # The processes that measured it, one `<node>:<pid>` per host of its submesh (0008).
+    measured_by: Mapped[list[str]] = mapped_column(JSON, default=list)
     compile_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[dict[str, Any]] = mapped_column(JSON)

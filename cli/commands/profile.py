@@ -193,6 +193,7 @@ def print_result(result: StageProfileResult, layer_names: list[str]) -> None:
         ("flops (fwd+bwd)", f"{result.flops / 1e6:.3f} MFLOP"),
         ("compile_seconds", f"{result.compile_seconds:.2f}"),
         ("device", f"{result.device_kind}, jax {result.jax_version}"),
+        ("measured_by", ", ".join(result.measured_by) or "-"),
     ]
     if result.estimate_bytes is not None:
         rows.append(("estimate_bytes", human_bytes(result.estimate_bytes)))

@@ -104,11 +104,14 @@ def _wants_csv(request: Request, fmt: str | None) -> bool:
 
 
 def _csv_cell(v: Any) -> Any:
-    """Values as text; strings that a spreadsheet would run as a formula are quoted."""
+    """Values as text, lists joined by ", "; strings that a spreadsheet would run as a
+    formula are quoted."""
     if v is None:
         return ""
     if isinstance(v, datetime):
         return v.isoformat()
+    if isinstance(v, list | tuple):
+        v = ", ".join(str(x) for x in v)
     if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
         return "'" + v
     return v

@@ -34,7 +34,8 @@
           cell(SP.fmtSeconds(r.compute_cost), "num strong"), cell(SP.fmtSeconds(r.forward_cost), "num"),
           cell(SP.fmtSeconds(r.backward_cost), "num"), cell(SP.fmtBytes(r.peak_memory), "num"),
           cell(r.max_n_succ_stages === null ? "–" : r.max_n_succ_stages >= 1048576 ? "no limit" : r.max_n_succ_stages, "num"),
-          cell(r.status === null ? "–" : r.reused ? "yes" : "no"), fp,
+          cell(r.status === null ? "–" : r.reused ? "yes" : "no"),
+          cell(r.measured_by && r.measured_by.length ? r.measured_by.join(", ") : "–", "mono small measured-by"), fp,
         ]);
       }
 
@@ -51,7 +52,7 @@
           return;
         }
         tbody.replaceChildren(...page.items.map(row));
-        if (!page.items.length) tbody.append(SP.el("tr", { class: "empty" }, [SP.el("td", { colspan: 14, text: "No candidates match." })]));
+        if (!page.items.length) tbody.append(SP.el("tr", { class: "empty" }, [SP.el("td", { colspan: 15, text: "No candidates match." })]));
         cursor = page.next_cursor;
         next.disabled = !cursor;
         note.textContent = "page " + pageNo + " · " + page.items.length + " row(s), sorted by " + page.sort;
