@@ -36,6 +36,9 @@ def connect_ray(num_cpus: int | None = None, *, verbose: bool = False) -> None:
         ray.init(address=address, log_to_driver=False)
         return
     ray.init(
+        # "local": a Ray of our own, even where another `ray start` runs on this machine
+        # (a bare ray.init() would join that one)
+        address="local",
         num_cpus=num_cpus or os.cpu_count() or 1,
         resources={DEVICE_RESOURCE: LOCAL_DEVICE_BUDGET},
         include_dashboard=False,

@@ -28,7 +28,13 @@ def ray_cluster() -> Iterator[None]:
     """A local Ray of 2 CPUs, started once (a multi-node test may have replaced it: then
     started again); Ray stops it when the session's process exits."""
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     yield
 
 
