@@ -41,7 +41,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--part", choices=["both", "hosts", "packing"], default="both")
     parser.add_argument("--layers", type=int, default=2, help="GPT blocks")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per module")
-    parser.add_argument("--quick", action="store_true", help="tiny widths, 2 repeats")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny widths, 2 repeats, 2 configs across hosts"
+    )
+    parser.add_argument(
+        "--no-quiet-timing",
+        action="store_true",
+        help="measure without the machine-wide quiet-timing lock (STAGEPROF_QUIET_TIMING=0)",
+    )
     parser.add_argument("--verbose", action="store_true", help="runner logs on stderr")
     return parser.parse_args(argv)
 
@@ -68,7 +75,7 @@ def _stop(cluster: Any) -> None:
     cluster.shutdown()
 
 
-def hosts_part(spec: Any, options: Any) -> dict[str, Any]:
+def hosts_part(spec: Any, options: Any, max_configs: int | None) -> dict[str, Any]:
     from planner import enumerate_candidates
     from schemas import ClusterSpec
     from workers.measure import measure_stage
@@ -83,6 +90,7 @@ def hosts_part(spec: Any, options: Any) -> dict[str, Any]:
         and k.start == 0
         and k.end == spec.num_layers - 1
     ]
+    keys = keys[:max_configs]
     cluster = _cluster(nodes=2, cpus=2, devices=2)
     rows: list[dict[str, Any]] = []
     try:
@@ -150,12 +158,18 @@ def packing_part(spec: Any, options: Any, work: Path) -> dict[str, Any]:
         finally:
             _stop(cluster)
         stats = run.outcome.stats
+        measured = {r.fingerprint: r for r in run.results.values() if r.module_profile_results}
+        modules = [m for r in measured.values() for m in r.module_profile_results]
         out[name] = {
             "status": run.outcome.status.value,
             "wall_s": round(run.wall_seconds, 1),
             "measured": stats.measured,
             "failed": stats.failed,
             "processes_started": stats.actors_started,
+            # inside measure calls, summed over groups (dispatch -> result collected)
+            "group_busy_s": round(run.busy_seconds, 1),
+            "compile_s": round(sum(m.compile_seconds for m in modules), 1),
+            "timed_runs_s": round(sum(sum(m.compute_cost_samples_s) for m in modules), 1),
             "load_avg": run.load_avg,
             "plan": common.plan_keys(run.outcome.plan) if run.outcome.plan else None,
         }
@@ -167,6 +181,8 @@ def packing_part(spec: Any, options: Any, work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     common.setup_logging(args.verbose)
+    if args.no_quiet_timing:
+        os.environ["STAGEPROF_QUIET_TIMING"] = "0"  # forwarded to every measuring process
     from client import zoo
     from schemas import PlanOptions
 
@@ -179,11 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         prune=False,
         candidate_timeout_s=600,
     )
-    figures: dict[str, Any] = {"commit": common.git_commit(), "layers": args.layers}
+    figures: dict[str, Any] = {
+        "commit": common.git_commit(),
+        "layers": args.layers,
+        "quiet_timing": not args.no_quiet_timing,
+    }
     con = common.console()
     if args.part in ("both", "hosts"):
         began = time.perf_counter()
-        figures["hosts"] = hosts_part(spec, options)
+        figures["hosts"] = hosts_part(spec, options, 2 if args.quick else None)
         for row in figures["hosts"]["configs"]:
             table = common.side_by_side(
                 f"2 hosts x 2 devices, {row['config']}: across 2 processes vs 1 process",
@@ -200,7 +220,16 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in figures["packing"] if n != "packed_vs_one_shape"]
         rows = [
             (field, figures["packing"][names[0]][field], figures["packing"][names[1]][field])
-            for field in ("status", "wall_s", "measured", "failed", "processes_started")
+            for field in (
+                "status",
+                "wall_s",
+                "measured",
+                "failed",
+                "processes_started",
+                "group_busy_s",
+                "compile_s",
+                "timed_runs_s",
+            )
         ]
         con.print(common.side_by_side("time to plan, 1 host x 4 devices", rows, tuple(names)))
         con.print(f"packed / one shape: {figures['packing']['packed_vs_one_shape']}")

@@ -56,6 +56,25 @@ def test_repeatability() -> None:
         assert fig["median_abs_rel_diff_median"] >= 0 and fig["median_abs_rel_diff_mean"] >= 0
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_multi_host() -> None:
+    out = run_script("multi_host.py", "--layers", "1", "--quick")
+    configs = out["hosts"]["configs"]
+    assert len(configs) == 2
+    for row in configs:
+        assert row["status"] == ["ok", "ok"], row
+        # one program across two processes on two nodes, the same program as in one
+        assert len({p.split(":")[0] for p in row["processes"]}) == 2
+        assert row["flops_equal"] and row["peak_equal"]
+        assert row["step_ratio"] > 0
+    one, packed = out["packing"]["one shape (4-device processes)"], out["packing"]["packed"]
+    assert one["status"] == packed["status"] == "done"
+    assert one["measured"] == packed["measured"] > 0
+    assert one["processes_started"] == 1 < packed["processes_started"]
+    assert out["packing"]["packed_vs_one_shape"] > 0
+
+
 @pytest.mark.postgres
 def test_profile_table() -> None:
     base = postgres_url().rsplit("/", 1)[0]

@@ -161,3 +161,28 @@ def test_a_dead_rank_loses_its_candidate_and_the_group_goes_on(spec: ModelSpec) 
     finally:
         pool.shutdown()
     assert ray.is_initialized()
+
+
+def test_ranks_time_out_together(spec: ModelSpec) -> None:
+    """The deadline is agreed by both ranks: a candidate past its limit comes back as
+    `timeout` from the group, neither rank left waiting in a collective for the other."""
+    (key, mesh), *_ = _keys(spec, 2, 2)
+    options = OPTIONS.model_copy(update={"candidate_timeout_s": 0.05})
+    pool = MeasurePool(
+        PoolConfig(kill_grace_s=60.0),  # so the result is the ranks' own, not the pool's kill
+        model_key="m",
+        spec=spec,
+        cluster=CLUSTER,
+        options=options,
+        failure_result=_failure,
+    )
+    try:
+        pool.submit(MeasureTask("t", key, mesh))
+        began = time.monotonic()
+        result = _result(pool, timeout_s=90)
+        assert result.status == ProfileStatus.timeout, result
+        assert len(result.measured_by) == 2
+        assert time.monotonic() - began < 30
+        assert pool.actors_replaced == 0  # both ranks answered: the group lives on
+    finally:
+        pool.shutdown()
