@@ -7,11 +7,12 @@ CPU collectives), and in this one process on 4 virtual devices (the old way, and
 reference). Printed side by side: forward/backward/apply_grad medians, FLOPs, peak memory,
 and the ratio of the step costs.
 
-Part 2, packing: one node offering 4 devices and 4 CPUs. A job on 1 host x 4 devices (its
-submeshes are 1, 2 and 4 devices) is planned twice on fresh stores: with the pool of one
-shape (every process owns 4 devices, so one process fits: what a 4-GPU host allowed before)
-and packed (four 1-device groups, then two 2-device, then one 4-device). Printed: wall time,
-stages measured, processes started, and the ratio.
+Part 2, packing: one node offering N devices and N CPUs (`--packing-devices`, default 4). A
+job on 1 host x N devices (its submeshes are 1, 2, ... N devices) is planned twice on fresh
+stores: with the pool of one shape (every process owns N devices, so one process fits: what
+an N-GPU host allowed before) and packed (N 1-device groups, then N/2 2-device, ... then one
+N-device). Printed: wall time, stages measured, processes started, the groups' busy time,
+compile and timed-run seconds, and the ratio.
 
 Usage: python bench/multi_host.py [--part both|hosts|packing] [--layers 2] [--quick]
 The last line printed is one JSON object with every figure.
@@ -40,6 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["both", "hosts", "packing"], default="both")
     parser.add_argument("--layers", type=int, default=2, help="GPT blocks")
+    parser.add_argument(
+        "--packing-devices",
+        type=int,
+        default=4,
+        help="the packing part's node: this many devices and as many CPUs",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per module")
     parser.add_argument(
         "--quick", action="store_true", help="tiny widths, 2 repeats, 2 configs across hosts"
@@ -140,18 +147,18 @@ def _compare(label: str, spread: Any, alone: Any) -> dict[str, Any]:
     }
 
 
-def packing_part(spec: Any, options: Any, work: Path) -> dict[str, Any]:
+def packing_part(spec: Any, options: Any, work: Path, devices: int) -> dict[str, Any]:
     from schemas import ClusterSpec
     from workers.runner import RunnerConfig
 
-    cluster_spec = ClusterSpec(num_hosts=1, devices_per_host=4)
+    cluster_spec = ClusterSpec(num_hosts=1, devices_per_host=devices)
     setups = {
-        "one shape (4-device processes)": RunnerConfig(devices_per_worker=4),
+        "one shape": RunnerConfig(devices_per_worker=devices),
         "packed": RunnerConfig(),
     }
     out: dict[str, Any] = {}
     for name, config in setups.items():
-        cluster = _cluster(nodes=1, cpus=4, devices=4)
+        cluster = _cluster(nodes=1, cpus=devices, devices=devices)
         try:
             sessions = common.sqlite_sessions(work / f"{name.split()[0]}.db")
             run = common.run_job(sessions, spec, cluster_spec, options, config)
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["hosts"]["seconds"] = round(time.perf_counter() - began, 1)
     if args.part in ("both", "packing"):
         work = Path(tempfile.mkdtemp(prefix="stageprof-packing-"))
-        figures["packing"] = packing_part(spec, options, work)
+        figures["packing"] = packing_part(spec, options, work, args.packing_devices)
         names = [n for n in figures["packing"] if n != "packed_vs_one_shape"]
         rows = [
             (field, figures["packing"][names[0]][field], figures["packing"][names[1]][field])
@@ -231,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                 "timed_runs_s",
             )
         ]
-        con.print(common.side_by_side("time to plan, 1 host x 4 devices", rows, tuple(names)))
+        title = f"time to plan, 1 host x {args.packing_devices} devices"
+        con.print(common.side_by_side(title, rows, tuple(names)))
         con.print(f"packed / one shape: {figures['packing']['packed_vs_one_shape']}")
     common.emit_json(figures)
     return 0
