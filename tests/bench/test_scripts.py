@@ -68,7 +68,7 @@ def test_multi_host() -> None:
         assert len({p.split(":")[0] for p in row["processes"]}) == 2
         assert row["flops_equal"] and row["peak_equal"]
         assert row["step_ratio"] > 0
-    one, packed = out["packing"]["one shape (4-device processes)"], out["packing"]["packed"]
+    one, packed = out["packing"]["one shape"], out["packing"]["packed"]
     assert one["status"] == packed["status"] == "done"
     assert one["measured"] == packed["measured"] > 0
     assert one["processes_started"] == 1 < packed["processes_started"]
