@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 
 from schemas import (
     ClusterSpec,
@@ -26,6 +26,7 @@ from schemas import (
     StageProfileResult,
     SubmeshShape,
 )
+from workers.group_start import GroupStarter
 from workers.host_group import MeasuringGroup, combine
 from workers.placement import GroupShape, Layout, measuring_nodes
 
@@ -34,14 +35,9 @@ logger = logging.getLogger(__name__)
 # Extra wall time a candidate gets on top of its own limit before its group is killed:
 # the ranks enforce the limit between phases, the pool enforces it on a stuck compile.
 KILL_GRACE_S = 10.0
-ACTOR_START_TIMEOUT_S = 120.0
-INFO_POLL_S = 0.25
 # How long the other ranks of a group get to answer once one rank reported a failure
 # (a rank that failed alone leaves the others waiting in a collective).
 RANK_GRACE_S = 10.0
-# Once one placement group of a shape is placed, how long the others may take (resources
-# another runner holds are not waited for: the shape runs with the groups that were placed).
-PLACEMENT_EXTRA_WAIT_S = 5.0
 ACTOR_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
 
 
@@ -117,14 +113,13 @@ class MeasurePool:
         self._cluster = cluster
         self._options = options
         self._failure_result = failure_result
-        self._check = check or (lambda: None)
+        self._starter = GroupStarter(self.layout, check or (lambda: None))
         self._queue: deque[MeasureTask] = deque()
         self._attempts = _Attempts()
         self._groups: list[MeasuringGroup] = []
         self._shape: GroupShape | None = None
         self._complete = True  # all groups of `_shape` that fit are started
         self._unplaced: list[StageProfileResult] = []
-        self.actors_started = 0
         self.actors_replaced = 0
         self.shapes: list[GroupShape] = []  # every shape measured, in order
 
@@ -163,6 +158,11 @@ class MeasurePool:
     @property
     def in_flight(self) -> int:
         return len(self._queue) + sum(g.task is not None for g in self._groups)
+
+    @property
+    def actors_started(self) -> int:
+        """Measuring processes started so far (respawns included)."""
+        return self._starter.processes_started
 
     @property
     def groups(self) -> list[MeasuringGroup]:
@@ -246,93 +246,14 @@ class MeasurePool:
             return
         logger.info("measuring with %d group(s) of %s", want, shape)
         self.shapes.append(shape)
-        self._groups = self._start_groups(shape, want)
+        self._groups = self._starter.new_groups(shape, want)
 
     def _grow(self) -> None:
         assert self._shape is not None
         more = self.layout.groups_that_fit(self._shape) - len(self._groups)
         self._complete = True
         if more > 0:
-            self._groups.extend(self._start_groups(self._shape, more))
-
-    def _start_groups(self, shape: GroupShape, count: int) -> list[MeasuringGroup]:
-        strategy = "STRICT_SPREAD" if shape.processes > 1 else "PACK"
-        bundles = [self.layout.bundle(shape) for _ in range(shape.processes)]
-        pgs = [placement_group(bundles, strategy=strategy) for _ in range(count)]
-        placed = self._placed(pgs, shape)
-        groups = [MeasuringGroup(shape, pg) for pg in placed]
-        return self._start(groups)
-
-    def _placed(self, pgs: list[PlacementGroup], shape: GroupShape) -> list[PlacementGroup]:
-        """The placement groups Ray places: all, or those placed within
-        `PLACEMENT_EXTRA_WAIT_S` of the first; the rest are removed."""
-        ready_refs = [pg.ready() for pg in pgs]
-        refs = {r.hex(): pg for r, pg in zip(ready_refs, pgs, strict=True)}
-        pending = list(ready_refs)
-        placed: list[PlacementGroup] = []
-        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=INFO_POLL_S)
-            placed.extend(refs[r.hex()] for r in ready)
-            self._check()
-            now = time.monotonic()
-            if placed and deadline > now + PLACEMENT_EXTRA_WAIT_S:
-                deadline = now + PLACEMENT_EXTRA_WAIT_S
-            if pending and now > deadline:
-                break
-        placed_ids = {pg.id.hex() for pg in placed}
-        for pg in pgs:
-            if pg.id.hex() not in placed_ids:
-                remove_placement_group(pg)
-        if not placed:
-            raise TimeoutError(
-                f"Ray placed no group of {shape} within {ACTOR_START_TIMEOUT_S:g} s "
-                f"(nodes: {self.layout.describe()})"
-            )
-        return placed
-
-    def _start(self, groups: list[MeasuringGroup]) -> list[MeasuringGroup]:
-        """Spawn the groups' processes and let each group join; returns those that did."""
-        addresses = {id(g): g.spawn(self.layout) for g in groups}
-        self.actors_started += sum(len(g.actors) for g in groups)
-        for g in groups:
-            ref = addresses[id(g)]
-            if ref is not None:
-                addresses[id(g)] = self._answers([ref])
-        joins = {id(g): g.join(_first(addresses[id(g)])) for g in groups}
-        self._wait([r for refs in joins.values() for r in refs if r is not None], "join its group")
-        started = []
-        for g in groups:
-            try:
-                g.joined(ray.get(joins[id(g)]))
-                started.append(g)
-            except Exception as err:  # a process that died while joining
-                logger.warning("a group of %s did not start: %s", g.shape, err)
-                g.kill()
-                remove_placement_group(g.pg)
-        if not started:
-            raise RuntimeError(f"no group of {groups[0].shape} started")
-        return started
-
-    def _answers(self, refs: list[Any]) -> Any:
-        self._wait(refs, "start")
-        try:
-            return ray.get(refs)
-        except Exception as err:
-            return err
-
-    def _wait(self, refs: list[Any], what: str) -> None:
-        """Wait for `refs`, calling `check` a few times a second (a cancel or shutdown
-        interrupts a start), at most `ACTOR_START_TIMEOUT_S`."""
-        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
-        pending = list(refs)
-        while pending:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=INFO_POLL_S)
-            self._check()
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"measuring processes did not {what} within {ACTOR_START_TIMEOUT_S:g} s"
-                )
+            self._groups.extend(self._starter.new_groups(self._shape, more))
 
     def _drop(self, group: MeasuringGroup) -> None:
         group.kill()
@@ -347,7 +268,7 @@ class MeasurePool:
         group.kill()
         self.actors_replaced += group.shape.processes
         try:
-            self._start([group])
+            self._starter.start([group])
         except Exception as err:
             logger.warning("dropping a group of %s that did not restart: %s", group.shape, err)
             remove_placement_group(group.pg)
@@ -431,9 +352,3 @@ def _outcome(ref: Any) -> Any:
         return ray.get(ref)
     except Exception as err:
         return err
-
-
-def _first(answer: Any) -> str | None:
-    if answer is None or isinstance(answer, Exception):
-        return None
-    return str(answer[0])

@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,6 @@ from schemas import (
     JobStatus,
     Plan,
     ProfileStatus,
-    Progress,
     StageKey,
     StageProfileResult,
 )
@@ -37,7 +35,7 @@ from store.jobs import cancelled_expired_ids, reap_cancelled_expired, release_le
 from workers.counters import RunnerCounters
 from workers.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
 from workers.job_inputs import JobFailed, ZooBuilder, enumerate_space, load_job
-from workers.placement import Layout
+from workers.job_stats import JobOutcome, JobStats, ProgressCallback
 from workers.pool import (
     KILL_GRACE_S,
     MeasurePool,
@@ -49,6 +47,7 @@ from workers.pool import (
 from workers.retry import StoreRetry, is_transient
 from workers.stage_ledger import StageLedger
 from workers.stage_loop import MeasureLoop
+from workers.stage_order import by_group_shape, measure_order
 
 logger = logging.getLogger(__name__)
 
@@ -77,64 +76,6 @@ class RunnerConfig:
     # a candidate's fingerprint then also names its (start, end, submesh, config).
     reuse_stages: bool = True
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-
-
-@dataclass
-class JobStats:
-    """What a job cost: the `stats` of `stageprof plan --json`. The counts are the job's
-    progress as the store keeps it (`schemas.Progress`, one meaning each, read at the job's
-    end); the rest is the runner's own."""
-
-    progress: Progress = field(default_factory=Progress)
-    wall_seconds: float = 0.0
-    actors_started: int = 0
-    actors_replaced: int = 0
-    waited: int = 0  # stages another runner was measuring, whose result this job waited for
-
-    @property
-    def candidates(self) -> int:
-        return self.progress.candidates
-
-    @property
-    def distinct_stages(self) -> int:
-        return self.progress.distinct_stages
-
-    @property
-    def measured(self) -> int:
-        return self.progress.measured
-
-    @property
-    def reused(self) -> int:
-        return self.progress.reused
-
-    @property
-    def failed(self) -> int:
-        return self.progress.failed
-
-    @property
-    def pruned(self) -> int:
-        return self.progress.pruned
-
-    def as_dict(self) -> dict[str, float | int]:
-        counts: dict[str, float | int] = dict(self.progress.model_dump())
-        return counts | {
-            "wall_seconds": self.wall_seconds,
-            "actors_started": self.actors_started,
-            "actors_replaced": self.actors_replaced,
-            "waited": self.waited,
-        }
-
-
-@dataclass
-class JobOutcome:
-    job_id: str
-    status: JobStatus
-    plan: Plan | None
-    error: str | None
-    stats: JobStats
-
-
-ProgressCallback = Callable[[store.JobRow | None, JobStats], None]
 
 
 class JobRunner(MeasureLoop):
@@ -417,8 +358,8 @@ class JobRunner(MeasureLoop):
                 pruner.add([key], result)
             # Small stages first: they are cheap and bound the big ones, which may then
             # never need measuring. Within a size, larger submeshes first (as Alpa).
-            to_measure.sort(key=lambda fp: _measure_order(keys_by_fp[fp], space))
-        to_measure = _by_group_shape(to_measure, keys_by_fp, space, layout)
+            to_measure.sort(key=lambda fp: measure_order(keys_by_fp[fp], space))
+        to_measure = by_group_shape(to_measure, keys_by_fp, space, layout)
         self._measure(
             job_id,
             to_measure,
@@ -455,24 +396,6 @@ class JobRunner(MeasureLoop):
             use_gpus=self.config.use_gpus,
             kill_grace_s=self.config.kill_grace_s,
         )
-
-
-def _by_group_shape(
-    fingerprints: list[str], keys_by_fp: dict[str, list[StageKey]], space: Any, layout: Layout
-) -> list[str]:
-    """The stages grouped by the shape of group that measures them (the pool runs one shape
-    at a time), shapes in the order they first come, each keeping its stages' order."""
-    by_shape: dict[Any, list[str]] = {}
-    for fp in fingerprints:
-        submesh = space.submeshes[keys_by_fp[fp][0].submesh_id]
-        by_shape.setdefault(layout.shape_for(submesh), []).append(fp)
-    return [fp for group in by_shape.values() for fp in group]
-
-
-def _measure_order(keys: list[StageKey], space: Any) -> tuple[int, int]:
-    """Fewest layers first, then most devices."""
-    key = keys[0]
-    return (key.end - key.start, -space.submeshes[key.submesh_id].num_devices)
 
 
 class _FailureFactory:

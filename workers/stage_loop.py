@@ -18,7 +18,8 @@ from workers.retry import StoreRetry, is_transient
 from workers.stage_ledger import OURS, WAIT, StageLedger
 
 if TYPE_CHECKING:
-    from workers.runner import JobStats, ProgressCallback, RunnerConfig
+    from workers.job_stats import JobStats, ProgressCallback
+    from workers.runner import RunnerConfig
 
 logger = logging.getLogger(__name__)
 

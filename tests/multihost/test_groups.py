@@ -12,22 +12,13 @@ from ray.util.placement_group import placement_group_table
 
 from client import zoo
 from planner import enumerate_candidates
-from schemas import ClusterSpec, ModelSpec, PlanOptions, ProfileStatus, StageKey
+from schemas import ModelSpec, ProfileStatus, StageKey
+from tests.multihost.conftest import CLUSTER, OPTIONS
 from workers.measure import measure_stage
 from workers.placement import GroupShape
 from workers.pool import MeasurePool, MeasureTask, PoolConfig, RetryPolicy
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
-
-CLUSTER = ClusterSpec(num_hosts=2, devices_per_host=2)
-OPTIONS = PlanOptions(
-    num_microbatches=4,
-    config_space="data_parallel_only",
-    strategies=["data"],
-    repeats=2,
-    warmup=1,
-    candidate_timeout_s=120,
-)
 
 
 @pytest.fixture(scope="module")

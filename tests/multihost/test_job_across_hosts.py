@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from client import zoo
 from migrations import upgrade
-from schemas import ClusterSpec, JobStatus, PlanOptions, ProfileStatus
+from schemas import JobStatus, ProfileStatus
 from store import (
     create_job,
     job_results,
@@ -24,21 +24,11 @@ from store import (
     session_scope,
 )
 from store.tables import StageProfileRow
+from tests.multihost.conftest import CLUSTER, OPTIONS
 from workers.pool import RetryPolicy
 from workers.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
-
-CLUSTER = ClusterSpec(num_hosts=2, devices_per_host=2)
-OPTIONS = PlanOptions(
-    num_microbatches=4,
-    config_space="data_parallel_only",
-    strategies=["data"],
-    repeats=2,
-    warmup=1,
-    prune=False,
-    candidate_timeout_s=120,
-)
 
 
 @pytest.fixture
