@@ -17,9 +17,11 @@ RAY_ADDRESS_ENV = "RAY_ADDRESS"
 # The Ray node resource that counts a host's measuring devices on CPU (virtual devices):
 # `ray start --resources='{"stageprof_devices": 4}'`. GPU hosts count Ray's own `GPU`.
 DEVICE_RESOURCE = "stageprof_devices"
-# A local Ray started in-process offers this many virtual devices; its CPUs bound how many
-# measuring processes run at once.
-LOCAL_DEVICE_BUDGET = 64
+# A local Ray started in-process offers this many virtual devices (a bound no job reaches);
+# its CPUs bound how many measuring processes run at once.
+LOCAL_DEVICE_BUDGET = 4096
+
+_started_here = False
 
 
 def connect_ray(num_cpus: int | None = None, *, verbose: bool = False) -> None:
@@ -45,6 +47,8 @@ def connect_ray(num_cpus: int | None = None, *, verbose: bool = False) -> None:
         log_to_driver=False,
         configure_logging=False,
     )
+    global _started_here
+    _started_here = True
     session = session_name()
     watchdog = start_watchdog(session)
     logger.info("local Ray session %s, watched by pid %d", session, watchdog.pid)
@@ -67,3 +71,10 @@ def start_watchdog(session: str) -> subprocess.Popen[bytes]:
         start_new_session=True,
         close_fds=True,
     )
+
+
+def virtual_devices_only() -> bool:
+    """Whether this process started its own local Ray (`connect_ray` without
+    `RAY_ADDRESS`): its devices are virtual CPU devices on this machine's cores, where packing
+    groups gains nothing (bench/RESULTS.md §7)."""
+    return _started_here

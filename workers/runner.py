@@ -44,6 +44,7 @@ from workers.pool import (
     RetryPolicy,
     make_layout,
 )
+from workers.ray_env import virtual_devices_only
 from workers.retry import StoreRetry, is_transient
 from workers.stage_ledger import StageLedger
 from workers.stage_loop import MeasureLoop
@@ -284,7 +285,7 @@ class JobRunner(MeasureLoop):
             raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
 
         space = enumerate_space(spec, cluster, options, keeper)
-        pool_config = self._pool_config()
+        pool_config = self._pool_config(space)
         layout = make_layout(pool_config)
 
         def start_pool() -> MeasurePool:
@@ -389,10 +390,16 @@ class JobRunner(MeasureLoop):
             raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")
         return keeper.call("dp", planner.build_plan, spec, cluster, options, space, results)
 
-    def _pool_config(self) -> PoolConfig:
+    def _pool_config(self, space: Any) -> PoolConfig:
+        """Packed groups, one shape at a time, on a Ray cluster whose devices are real
+        resources; on the local Ray of virtual CPU devices, one shape per job (its largest
+        submesh), which packing only slows down here (bench/RESULTS.md §7)."""
+        one_shape = self.config.devices_per_worker
+        if one_shape is None and not self.config.use_gpus and virtual_devices_only():
+            one_shape = max(m.num_devices for m in space.submeshes)
         return PoolConfig(
             max_groups=self.config.num_workers,
-            one_shape=self.config.devices_per_worker,
+            one_shape=one_shape,
             use_gpus=self.config.use_gpus,
             kill_grace_s=self.config.kill_grace_s,
         )

@@ -58,3 +58,33 @@ def test_bundles_ask_for_the_devices_they_use() -> None:
     assert Layout(_nodes(4, 4)).bundle(shape) == {"CPU": 1.0, DEVICE_RESOURCE: 4.0}
     assert Layout(_nodes(4, 4), use_gpus=True).bundle(shape) == {"CPU": 1.0, "GPU": 4.0}
     assert Layout(_nodes(None)).bundle(shape) == {"CPU": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("local", "gpus", "devices_per_worker", "one_shape"),
+    [
+        (True, False, None, 4),  # stageprof's own Ray, virtual devices: one shape per job
+        (False, False, None, None),  # a Ray cluster: packed
+        (True, True, None, None),  # GPUs are real devices: packed
+        (False, False, 2, 2),  # asked for: the pool of one shape
+    ],
+)
+def test_which_pool_a_job_gets(
+    monkeypatch: pytest.MonkeyPatch,
+    local: bool,
+    gpus: bool,
+    devices_per_worker: int | None,
+    one_shape: int | None,
+) -> None:
+    from planner import enumerate_candidates
+    from schemas import ClusterSpec, PlanOptions
+    from tests.workers.specs import dense_spec
+    from workers import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "virtual_devices_only", lambda: local)
+    space = enumerate_candidates(
+        dense_spec(), ClusterSpec(num_hosts=1, devices_per_host=4), PlanOptions()
+    )
+    config = runner_module.RunnerConfig(use_gpus=gpus, devices_per_worker=devices_per_worker)
+    job_runner = runner_module.JobRunner(None, config)  # type: ignore[arg-type]
+    assert job_runner._pool_config(space).one_shape == one_shape
