@@ -11,11 +11,6 @@ import jax
 import numpy as np
 
 
-def group_size() -> int:
-    """The processes of this program (1 outside a `jax.distributed` group)."""
-    return jax.process_count()
-
-
 def all_processes(flag: bool) -> bool:
     """True when `flag` is true in every process of the group (each one must call it)."""
     if jax.process_count() == 1:

@@ -110,8 +110,7 @@ class MeasuringGroup:
     shape: GroupShape
     pg: PlacementGroup
     actors: list[Any] = field(default_factory=list)
-    processes: list[str] = field(default_factory=list)  # `node:pid` of each rank, once joined
-    info: dict[str, Any] | None = None  # rank 0's `join` answer
+    infos: list[dict[str, Any]] = field(default_factory=list)  # each rank's `join` answer
     task: Any = None
     refs: list[Any] = field(default_factory=list)
     started: float = 0.0
@@ -125,20 +124,15 @@ class MeasuringGroup:
         self.actors = []
         for rank in range(size):
             opts: dict[str, Any] = {
-                "num_cpus": layout.cpus_per_process,
+                **layout.process_resources(self.shape),
                 "runtime_env": {"env_vars": worker_env(self.shape.devices, layout.use_gpus, rank)},
                 "max_restarts": 0,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=rank
                 ),
             }
-            resource = layout.device_resource
-            if resource == "GPU":
-                opts["num_gpus"] = self.shape.devices
-            elif resource is not None:
-                opts["resources"] = {resource: self.shape.devices}
             self.actors.append(cls.options(**opts).remote(rank, size, layout.use_gpus))
-        self.processes, self.info = [], None
+        self.infos = []
         return self.actors[0].coordinator_address.remote() if size > 1 else None
 
     def join(self, coordinator: str | None) -> list[Any]:
@@ -146,8 +140,21 @@ class MeasuringGroup:
         return [a.join.remote(coordinator) for a in self.actors]
 
     def joined(self, infos: list[dict[str, Any]]) -> None:
-        self.info = infos[0]
-        self.processes = [i["process"] for i in infos]
+        self.infos = infos
+
+    @property
+    def info(self) -> dict[str, Any] | None:
+        """Rank 0's `join` answer (None until the group joined)."""
+        return self.infos[0] if self.infos else None
+
+    @property
+    def processes(self) -> list[str]:
+        """`node:pid` of each rank, once joined."""
+        return [i["process"] for i in self.infos]
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(i["pid"]) for i in self.infos]
 
     def kill(self) -> None:
         """Kill every process of the group (its placement group stays reserved)."""

@@ -10,6 +10,7 @@ submesh: the pool of one shape for all (no packing), kept as a baseline.
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
@@ -94,6 +95,16 @@ class Layout:
         if resource is not None:
             bundle[resource] = float(shape.devices)
         return bundle
+
+    def process_resources(self, shape: GroupShape) -> dict[str, Any]:
+        """The Ray actor options that ask one process of `shape` for its bundle (`bundle`)."""
+        bundle = self.bundle(shape)
+        options: dict[str, Any] = {"num_cpus": bundle.pop("CPU")}
+        if GPU_RESOURCE in bundle:
+            options["num_gpus"] = bundle.pop(GPU_RESOURCE)
+        if bundle:
+            options["resources"] = bundle
+        return options
 
     def describe(self) -> str:
         def one(n: NodeCapacity) -> str:

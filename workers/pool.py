@@ -156,10 +156,6 @@ class MeasurePool:
         return bool(self._queue or self._unplaced) or any(g.task for g in self._groups)
 
     @property
-    def in_flight(self) -> int:
-        return len(self._queue) + sum(g.task is not None for g in self._groups)
-
-    @property
     def actors_started(self) -> int:
         """Measuring processes started so far (respawns included)."""
         return self._starter.processes_started
@@ -183,12 +179,6 @@ class MeasurePool:
         self._dispatch()
         return results
 
-    def stop_all(self) -> None:
-        """Drop queued work and kill every busy group (cancellation)."""
-        self._queue.clear()
-        for group in [g for g in self._groups if g.task is not None]:
-            self._drop(group)
-
     def shutdown(self) -> None:
         for group in list(self._groups):
             self._drop(group)
@@ -196,7 +186,7 @@ class MeasurePool:
 
     def actor_pids(self) -> list[int]:
         """Process ids of the measuring processes (tests kill one)."""
-        return [int(p.rsplit(":", 1)[1]) for g in self._groups for p in g.processes]
+        return [pid for g in self._groups for pid in g.pids]
 
     # --- shapes and groups ------------------------------------------------------------
 

@@ -58,6 +58,16 @@ def test_bundles_ask_for_the_devices_they_use() -> None:
     assert Layout(_nodes(4, 4)).bundle(shape) == {"CPU": 1.0, DEVICE_RESOURCE: 4.0}
     assert Layout(_nodes(4, 4), use_gpus=True).bundle(shape) == {"CPU": 1.0, "GPU": 4.0}
     assert Layout(_nodes(None)).bundle(shape) == {"CPU": 1.0}
+    # an actor asks for exactly its bundle
+    assert Layout(_nodes(4, 4)).process_resources(shape) == {
+        "num_cpus": 1.0,
+        "resources": {DEVICE_RESOURCE: 4.0},
+    }
+    assert Layout(_nodes(4, 4), use_gpus=True).process_resources(shape) == {
+        "num_cpus": 1.0,
+        "num_gpus": 4.0,
+    }
+    assert Layout(_nodes(None)).process_resources(shape) == {"num_cpus": 1.0}
 
 
 @pytest.mark.parametrize(
