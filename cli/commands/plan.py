@@ -7,6 +7,7 @@ Embedded by default (a SQLite file, a local Ray, JAX on virtual CPU devices); wi
 import argparse
 import sys
 import time
+from typing import Any
 
 from cli.commands.measure_args import add_measurement_arguments, measurement_options
 from cli.commands.worker import add_runner_arguments, runner_config
@@ -16,7 +17,7 @@ from cli.commands.zoo_args import (
     one_line,
     parse_overrides,
 )
-from schemas import ClusterSpec, PlanOptions
+from schemas import ClusterSpec, ModelSpec, PlanOptions
 
 GIB = 2**30
 
@@ -105,6 +106,31 @@ def run(args: argparse.Namespace) -> int:
     return _run_local(args, cluster, options)
 
 
+def queue_embedded_job(
+    url: str | None, spec: ModelSpec, cluster: ClusterSpec, options: PlanOptions
+) -> tuple[Any, str]:
+    """The store at `url` (default STAGEPROF_DATABASE_URL or ./stageprof.db; SQLite is
+    migrated here) and a job for `spec` queued in it: (its sessionmaker, the job id)."""
+    from migrations import upgrade
+    from store import (
+        create_job,
+        database_url,
+        make_engine,
+        make_sessionmaker,
+        put_model,
+        session_scope,
+    )
+
+    url = url or database_url()
+    if url.startswith("sqlite"):
+        upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with session_scope(sessions) as s:
+        model, _ = put_model(s, spec=spec)
+        job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
+    return sessions, job_id
+
+
 def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
     from rich.console import Console
 
@@ -114,16 +140,7 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         progress_bar,
         write_report,
     )
-    from migrations import upgrade
-    from store import (
-        create_job,
-        database_url,
-        get_job,
-        make_engine,
-        make_sessionmaker,
-        put_model,
-        session_scope,
-    )
+    from store import get_job, session_scope
     from workers.ray_env import connect_ray
     from workers.runner import JobRunner
 
@@ -139,13 +156,7 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
     except (ValueError, OSError) as err:
         print(f"stageprof plan: {one_line(err)}", file=sys.stderr)
         return 2
-    url = args.database_url or database_url()
-    if url.startswith("sqlite"):
-        upgrade(url)
-    sessions = make_sessionmaker(make_engine(url))
-    with session_scope(sessions) as s:
-        model, _ = put_model(s, spec=spec)
-        job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
+    sessions, job_id = queue_embedded_job(args.database_url, spec, cluster, options)
     console.print(
         f"[bold]stageprof[/] planning [cyan]{spec.name}[/] ({spec.num_layers} layers) on "
         f"{cluster.num_hosts}x{cluster.devices_per_host} {cluster.device_kind}; job {job_id}"

@@ -53,10 +53,8 @@ def run_local(
 ) -> TodayRun:
     """Plan today's model in this process; `load_spec` runs after Ray has started (it may
     import jax, which Ray's forked processes must not inherit)."""
+    from cli.commands.plan import queue_embedded_job
     from cli.commands.worker import runner_config
-    from migrations import upgrade
-    from store import create_job, database_url, make_engine, make_sessionmaker, put_model
-    from store import session_scope as scope
     from workers.ray_env import connect_ray
     from workers.runner import JobRunner
 
@@ -66,14 +64,8 @@ def run_local(
         options.check_micro_batch(spec.micro_batch_size)
     except ValueError as err:
         raise GateError(str(err)) from err
-    url = args.database_url or database_url()
     try:
-        if url.startswith("sqlite"):
-            upgrade(url)
-        sessions = make_sessionmaker(make_engine(url))
-        with scope(sessions) as s:
-            model, _ = put_model(s, spec=spec)
-            job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
+        sessions, job_id = queue_embedded_job(args.database_url, spec, cluster, options)
     except SQLAlchemyError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise GateError(f"cannot use the store: {first}") from err
