@@ -10,10 +10,10 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
-from client import zoo
 from planner import enumerate_candidates
 from schemas import ModelSpec, ProfileStatus, StageKey
 from tests.multihost.conftest import CLUSTER, OPTIONS
+from tests.runner.conftest import tiny_gpt
 from workers.measure import measure_stage
 from workers.placement import GroupShape
 from workers.pool import MeasurePool, MeasureTask, PoolConfig, RetryPolicy
@@ -23,9 +23,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
 
 @pytest.fixture(scope="module")
 def spec() -> ModelSpec:
-    return zoo.build(
-        "gpt", num_layers=2, hidden_size=32, num_heads=2, seq_len=16, vocab_size=128, batch_size=4
-    )
+    return tiny_gpt(num_layers=2)
 
 
 def _keys(spec: ModelSpec, hosts: int, devices: int) -> list[tuple[StageKey, Any]]:

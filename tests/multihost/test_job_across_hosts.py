@@ -5,52 +5,25 @@ a process killed mid-candidate costs that candidate (`worker_lost`), not the job
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from client import zoo
-from migrations import upgrade
 from schemas import JobStatus, ProfileStatus
-from store import (
-    create_job,
-    job_results,
-    make_engine,
-    make_sessionmaker,
-    put_model,
-    session_scope,
-)
+from store import job_results, session_scope
 from store.tables import StageProfileRow
 from tests.multihost.conftest import CLUSTER, OPTIONS
+from tests.runner.conftest import queue_job, tiny_gpt
 from workers.pool import RetryPolicy
 from workers.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
 
 
-@pytest.fixture
-def sessions(tmp_path: Path) -> sessionmaker[Session]:
-    url = f"sqlite:///{tmp_path / 'hosts.db'}"
-    upgrade(url)
-    return make_sessionmaker(make_engine(url))
-
-
 def _queue(sessions: sessionmaker[Session], num_layers: int) -> str:
-    spec = zoo.build(
-        "gpt",
-        num_layers=num_layers,
-        hidden_size=32,
-        num_heads=2,
-        seq_len=16,
-        vocab_size=128,
-        batch_size=4,
-    )
-    with session_scope(sessions) as s:
-        model, _ = put_model(s, spec=spec)
-        return create_job(s, model_id=model.id, cluster=CLUSTER, options=OPTIONS).id
+    return queue_job(sessions, tiny_gpt(num_layers), OPTIONS, CLUSTER)
 
 
 def _results(sessions: sessionmaker[Session], job_id: str) -> dict[Any, Any]:
