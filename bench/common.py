@@ -145,7 +145,7 @@ class JobRun:
     """One embedded job run to its end: outcome, wall seconds and its recorded results."""
 
     job_id: str
-    outcome: Any  # workers.runner.JobOutcome
+    outcome: Any  # workers.jobs.runner.JobOutcome
     wall_seconds: float
     results: dict[tuple[int, int, int, int], Any]  # key -> StageProfileResult
     store_seconds: float
@@ -187,23 +187,23 @@ class LoadSampler:
 def counting_actor_time() -> Iterator[dict[str, float]]:
     """Within the block, the runner's pools add each task's time on a measuring group (from
     dispatch to its result collected) to `clock["busy"]` and count tasks in `clock["tasks"]`."""
-    import workers.runner as runner_module
-    from workers.pool import MeasurePool
+    import workers.jobs.runner as runner_module
+    from workers.cluster.pool import GroupPool
 
     clock = {"busy": 0.0, "tasks": 0.0}
 
-    class CountingPool(MeasurePool):
+    class CountingPool(GroupPool):
         def _collect(self, group: Any, task: Any, answers: list) -> Any:
             clock["busy"] += time.monotonic() - group.started
             clock["tasks"] += 1
             return super()._collect(group, task, answers)
 
-    original = runner_module.MeasurePool
-    runner_module.MeasurePool = CountingPool  # type: ignore[misc]
+    original = runner_module.GroupPool
+    runner_module.GroupPool = CountingPool  # type: ignore[misc]
     try:
         yield clock
     finally:
-        runner_module.MeasurePool = original  # type: ignore[misc]
+        runner_module.GroupPool = original  # type: ignore[misc]
 
 
 def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config: Any) -> JobRun:
@@ -213,27 +213,12 @@ def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config:
 
     from store import create_job, job_results, put_model, session_scope
     from store.tables import JobCandidateRow as C
-    from workers.runner import JobRunner
-
-    class _TimedRunner(JobRunner):
-        """Counts the driver's time writing results to the store."""
-
-        store_seconds = 0.0
-
-        def _store_result(self, *args: Any, **kwargs: Any) -> None:
-            began = time.perf_counter()
-            super()._store_result(*args, **kwargs)
-            self.store_seconds += time.perf_counter() - began
-
-        def _store_pruned(self, *args: Any, **kwargs: Any) -> None:
-            began = time.perf_counter()
-            super()._store_pruned(*args, **kwargs)
-            self.store_seconds += time.perf_counter() - began
+    from workers.jobs.runner import JobRunner
 
     with session_scope(sessions) as s:
         model, _ = put_model(s, spec=spec)
         job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
-    runner = _TimedRunner(sessions, runner_config)
+    runner = JobRunner(sessions, runner_config)
     with counting_actor_time() as clock, LoadSampler() as load:
         began = time.perf_counter()
         outcome = runner.run_next(job_id)
@@ -252,7 +237,7 @@ def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config:
         outcome,
         wall,
         results,
-        runner.store_seconds,
+        outcome.stats.store_seconds,
         busy_seconds=clock["busy"],
         tasks=int(clock["tasks"]),
         load_avg=load.mean,

@@ -64,7 +64,7 @@ def _cluster(nodes: int, cpus: int, devices: int) -> Any:
     import ray
     from ray.cluster_utils import Cluster
 
-    from workers.ray_env import DEVICE_RESOURCE
+    from workers.cluster.ray_env import DEVICE_RESOURCE
 
     node = {"num_cpus": cpus, "resources": {DEVICE_RESOURCE: devices}}
     cluster = Cluster(initialize_head=True, head_node_args=dict(node))
@@ -85,8 +85,8 @@ def _stop(cluster: Any) -> None:
 def hosts_part(spec: Any, options: Any, max_configs: int | None) -> dict[str, Any]:
     from planner import enumerate_candidates
     from schemas import ClusterSpec
-    from workers.measure import measure_stage
-    from workers.pool import MeasurePool, MeasureTask, PoolConfig
+    from workers.cluster.pool import CandidateTask, GroupPool, PoolConfig
+    from workers.measure.stage import measure_stage
 
     cluster_spec = ClusterSpec(num_hosts=2, devices_per_host=2)
     space = enumerate_candidates(spec, cluster_spec, options)
@@ -101,7 +101,7 @@ def hosts_part(spec: Any, options: Any, max_configs: int | None) -> dict[str, An
     cluster = _cluster(nodes=2, cpus=2, devices=2)
     rows: list[dict[str, Any]] = []
     try:
-        pool = MeasurePool(
+        pool = GroupPool(
             PoolConfig(),
             model_key="bench",
             spec=spec,
@@ -112,7 +112,7 @@ def hosts_part(spec: Any, options: Any, max_configs: int | None) -> dict[str, An
         try:
             for key in keys:
                 submesh, config = space.resolve(key)
-                pool.submit(MeasureTask(str(key), key, submesh))
+                pool.submit(CandidateTask(str(key), key, submesh))
                 results: list[Any] = []
                 while not results:
                     results = pool.poll(1.0)
@@ -149,7 +149,7 @@ def _compare(label: str, spread: Any, alone: Any) -> dict[str, Any]:
 
 def packing_part(spec: Any, options: Any, work: Path, devices: int) -> dict[str, Any]:
     from schemas import ClusterSpec
-    from workers.runner import RunnerConfig
+    from workers.jobs.runner import RunnerConfig
 
     cluster_spec = ClusterSpec(num_hosts=1, devices_per_host=devices)
     setups = {

@@ -92,13 +92,13 @@ def relative_differences(first: common.JobRun, second: common.JobRun) -> dict[in
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     common.setup_logging()
-    from workers.ray_env import connect_ray
+    from workers.cluster.ray_env import connect_ray
 
     connect_ray(num_cpus=args.workers)  # before jax is imported: Ray forks its processes
 
     from client import zoo
     from schemas import ClusterSpec, PlanOptions
-    from workers.runner import RunnerConfig
+    from workers.jobs.runner import RunnerConfig
 
     layers = args.layers or (2 if args.quick else 4)
     repeats = 3 if args.quick else args.repeats

@@ -7,7 +7,7 @@ cross-entropy). Two variants: plain, and `jax.checkpoint` around each block body
 layer marker, so each block stays its own layer). The stage is the WHOLE model (every layer,
 embedding to loss) on one CPU device, data strategy. Three columns per variant:
 
-- ours: `workers.measure.measure_stage_on` of the traced spec (layer pairs: forward with
+- ours: `workers.measure.stage.measure_stage_on` of the traced spec (layer pairs: forward with
   residuals, backward from them).
 - direct: `jax.vjp` of the same un-exported Python loss; forward = jit returning the VJP's
   leaves, backward = jit applying the unflattened VJP to the loss cotangent.
@@ -16,7 +16,7 @@ embedding to loss) on one CPU device, data strategy. Three columns per variant:
   backward re-runs the forward; its stash is the layers' inputs).
 
 Times: `repeats` timed runs after `warmup` (each ended by `block_until_ready`), the median
-(`workers.timing.time_runs`, as `measure_stage_on` runs it); each column is measured again
+(`workers.measure.timing.time_runs`, as `measure_stage_on` runs it); each column is measured again
 in each of `--rounds` rounds (in a rotating order) and the median of the rounds' figures is
 reported (FLOPs and bytes are the same every round). As a check on a busy machine, the
 three backwards are also timed in turns (`--interleaved` turns, order rotating): the paired
@@ -172,8 +172,8 @@ def make_loss(cfg: dict[str, int], remat: bool) -> Callable[[dict, dict], Any]:
 # ----- measuring helpers ---------------------------------------------------------------------
 @contextlib.contextmanager
 def _slot(kind: str) -> Iterator[None]:
-    """The section `measure_stage_on` compiles or times in (`workers.quiet`)."""
-    from workers import quiet
+    """The section `measure_stage_on` compiles or times in (`workers.measure.quiet`)."""
+    from workers.measure import quiet
 
     with quiet.compile_slot() if kind == "compile" else quiet.timing_slot():
         yield
@@ -201,11 +201,11 @@ def timed_build(build: Callable[[], Any]) -> tuple[Any, float, float]:
 
 
 def time_module(run: Callable[[], Any], warmup: int, repeats: int, phase: str) -> list[float]:
-    """`workers.timing.time_runs` as `measure_stage_on` calls it, with its clock (options
+    """`workers.measure.timing.time_runs` as `measure_stage_on` calls it, with its clock (options
     with max_repeats = repeats: a fixed number of runs)."""
     import jax
 
-    from workers.timing import Deadline, clock_for, time_runs
+    from workers.measure.timing import Deadline, clock_for, time_runs
 
     clock = clock_for(jax.devices())
     with _slot("timing"):
@@ -318,7 +318,7 @@ def old_form_loss(cfg: dict[str, int], remat: bool, params: dict, batch: dict) -
 class OursModules:
     """The stage's modules compiled once more as `measure_stage_on` builds them
     (`StageModules`), for what its result does not carry: the raw memory_analysis() next to
-    the peak rule (`workers.memory.module_memory`), compile CPU seconds, and a call of the
+    the peak rule (`workers.measure.memory.module_memory`), compile CPU seconds, and a call of the
     backward on the forward's stash (arrays made as `measure_stage_on` makes them)."""
 
     def __init__(self, spec: Any, options: Any) -> None:
@@ -329,11 +329,11 @@ class OursModules:
     def measure(self) -> dict[str, float]:
         import jax
 
-        from workers.compose import compose_stage
-        from workers.memory import module_memory
-        from workers.sharding import make_mesh, stage_shardings
-        from workers.stage_modules import StageModules
-        from workers.timing import random_array
+        from workers.measure.compose import compose_stage
+        from workers.measure.memory import module_memory
+        from workers.measure.sharding import make_mesh, stage_shardings
+        from workers.measure.stage_modules import StageModules
+        from workers.measure.timing import random_array
 
         spec = self.spec
         program = compose_stage(spec, 0, spec.num_layers - 1)
@@ -366,7 +366,7 @@ def interleaved(runs: dict[str, Callable[[], Any]], warmup: int, n: int) -> dict
     comes and goes on the machine falls on all of them alike: `n` samples each."""
     import jax
 
-    from workers.timing import clock_for
+    from workers.measure.timing import clock_for
 
     clock = clock_for(jax.devices())
     names = list(runs)
@@ -392,7 +392,7 @@ def DATA_CONFIG() -> Any:  # noqa: N802 - a constant built lazily (schemas impor
 
 def measure_ours(spec: Any, options: Any) -> dict[str, Any]:
     from schemas import ClusterSpec, ModuleKind, SubmeshShape
-    from workers.measure import measure_stage_on
+    from workers.measure.stage import measure_stage_on
 
     one = SubmeshShape(hosts=1, devices_per_host=1)
     cluster = ClusterSpec(num_hosts=1, devices_per_host=1, device_kind="cpu")

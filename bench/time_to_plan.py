@@ -109,13 +109,13 @@ def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     common.setup_logging(args.verbose)
-    from workers.ray_env import connect_ray
+    from workers.cluster.ray_env import connect_ray
 
     connect_ray(num_cpus=args.workers)  # before jax is imported: Ray forks its processes
 
     from client import zoo
     from schemas import ClusterSpec, PlanOptions
-    from workers.runner import RunnerConfig
+    from workers.jobs.runner import RunnerConfig
 
     widths = common.QUICK_WIDTHS if args.quick else common.GPT_WIDTHS
     repeats = 2 if args.quick else args.repeats

@@ -7,13 +7,13 @@ runs, every run read on two clocks at once: wall (`time.perf_counter`) and proce
   idle               nothing else of ours runs (other users of the machine may);
   jax, no lock       a competitor process compiles fresh programs and times them, at will;
   jax, lock          the same, its compiles in `compile_slot` and runs in `timing_slot`;
-                     each of our trials in `timing_slot` (workers/quiet.py);
+                     each of our trials in `timing_slot` (workers/measure/quiet.py);
   busy, no lock      two processes spin on the two cores, outside any lock (as another
                      user's job would);
   busy, lock         the two spinners do their work in `compile_slot` chunks of 0.2 s.
 Per condition, clock and estimator (median of the first `--repeats` runs, as today; min of
 them; median of the adaptive prefix: runs added until (p90-p10)/median <= `--target-spread`
-or `--max-repeats`, the rule of `workers.timing.time_runs`, replayed on the recorded runs):
+or `--max-repeats`, the rule of `workers.measure.timing.time_runs`, replayed on the recorded runs):
 the estimate (median over trials), the ratio to idle, the same-stage difference (median
 over trial pairs of |a - b| / mean(a, b): the figure of bench/time_to_plan.py and
 bench/repeatability.py) and the trial-to-trial spread (p90-p10)/median.
@@ -123,7 +123,7 @@ def run_trial(run: Any, runs: int) -> dict[str, list[float]]:
 
 def adaptive_prefix(samples: list[float], repeats: int, cap: int, target: float) -> int:
     """How many runs `time_runs(..., max_repeats=cap, target_spread=target)` would take."""
-    from workers.timing import relative_spread
+    from workers.measure.timing import relative_spread
 
     n = repeats
     while n < min(cap, len(samples)) and relative_spread(samples[:n]) > target:
@@ -133,7 +133,7 @@ def adaptive_prefix(samples: list[float], repeats: int, cap: int, target: float)
 
 def estimates(samples: list[float], args: argparse.Namespace) -> dict[str, float]:
     """The estimators of one trial's runs on one clock (seconds), and the adaptive run count."""
-    from workers.timing import median
+    from workers.measure.timing import median
 
     first = samples[: args.repeats]
     n = adaptive_prefix(samples, args.repeats, args.max_repeats, args.target_spread)
@@ -152,7 +152,7 @@ def pair_diff(values: list[float]) -> float:
 
 
 def summarize(trials: list[dict[str, list[float]]], args: argparse.Namespace) -> dict[str, Any]:
-    from workers.timing import median, relative_spread
+    from workers.measure.timing import median, relative_spread
 
     out: dict[str, Any] = {}
     for clock in CLOCKS:
@@ -204,7 +204,7 @@ def compete_jax(args: argparse.Namespace) -> None:
     import jax
     import jax.numpy as jnp
 
-    from workers.quiet import compile_slot, timing_slot
+    from workers.measure.quiet import compile_slot, timing_slot
 
     for i in itertools.count():
         size = 64 + (i % 512)
@@ -226,7 +226,7 @@ def compete_jax(args: argparse.Namespace) -> None:
 
 def compete_busy() -> None:
     """A CPU burner: 0.2 s chunks of spinning, each in a `compile_slot` (a no-op when off)."""
-    from workers.quiet import compile_slot
+    from workers.measure.quiet import compile_slot
 
     print("ready", flush=True)
     while True:
@@ -240,7 +240,7 @@ def run_condition(
     run: Any, args: argparse.Namespace, kind: str | None, lock: bool, lock_dir: str, into: dict
 ) -> None:
     """`--trials` trials with the competitors of `kind` running, each in `timing_slot`."""
-    from workers.quiet import timing_slot
+    from workers.measure.quiet import timing_slot
 
     procs = start_competitors(kind, lock, lock_dir, args.devices) if kind else []
     os.environ["STAGEPROF_QUIET_TIMING"] = "1" if lock else "0"

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The layers, deserialized and composed, give back the loss (what a worker does).
     from client.tracing import path_name
-    from workers.compose import check_programs, compose_stage
+    from workers.measure.compose import check_programs, compose_stage
 
     assert check_programs(spec) == []
     stage = compose_stage(spec, 0, spec.num_layers - 1)

@@ -1,16 +1,11 @@
-"""jax + ray: build stage programs from layers, shard, compile, time and measure them."""
+"""Measuring stage candidates on Ray, in three rooms with one-way imports:
 
-from typing import Any
+- `workers.jobs`: a job's life against the store (claims, leases, retries, the measuring
+  phase, then the plan). Alpa's stage construction loop, as a service.
+- `workers.cluster`: Ray groups and placement (measuring groups of one shape, the pool that
+  runs candidates on them).
+- `workers.measure`: inside one process: compose a stage, shard, compile, time, read its
+  memory. Alpa's stage profiling.
 
-from workers.fingerprint import stage_fingerprint
-
-__all__ = ["measure_stage", "measure_stage_on", "stage_fingerprint"]
-
-
-def __getattr__(name: str) -> Any:
-    # measure imports jax: loaded on first use, so `import workers` leaves XLA_FLAGS settable
-    if name in ("measure_stage", "measure_stage_on"):
-        from workers import measure
-
-        return getattr(measure, name)
-    raise AttributeError(f"module 'workers' has no attribute {name!r}")
+jobs -> cluster -> measure. `workers.measure` imports jax: set `XLA_FLAGS` before importing it.
+"""

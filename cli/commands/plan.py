@@ -141,8 +141,8 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         write_report,
     )
     from store import get_job, session_scope
-    from workers.ray_env import connect_ray
-    from workers.runner import JobRunner
+    from workers.cluster.ray_env import connect_ray
+    from workers.jobs.runner import JobRunner
 
     console = Console(stderr=args.json)
     if not console.is_terminal:

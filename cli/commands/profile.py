@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from workers.measure import measure_stage_on
+    from workers.measure.stage import measure_stage_on
 
     result = measure_stage_on(spec, args.start, args.end, submesh, config, cluster, options)
     if args.json:

@@ -50,7 +50,7 @@ def _env_int(name: str) -> int | None:
 
 
 def runner_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from workers.runner import RunnerConfig
+    from workers.jobs.runner import RunnerConfig
 
     return RunnerConfig(
         num_workers=args.workers,
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     from client import zoo
     from migrations import upgrade
     from store import database_url, make_engine, make_sessionmaker
-    from workers.ray_env import connect_ray
-    from workers.runner import JobRunner
+    from workers.cluster.ray_env import connect_ray
+    from workers.jobs.runner import JobRunner
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.INFO)
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _shutdown_ray(ray: Any) -> None:
     """Stop Ray, within `RAY_SHUTDOWN_BUDGET_S`: past it the process exits anyway and its
-    Ray watchdog (`workers.ray_watchdog`) stops what is left, so SIGTERM takes effect
+    Ray watchdog (`workers.cluster.ray_watchdog`) stops what is left, so SIGTERM takes effect
     within seconds even on a loaded machine."""
     done = threading.Thread(target=ray.shutdown, daemon=True)
     done.start()

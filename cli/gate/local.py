@@ -55,8 +55,8 @@ def run_local(
     import jax, which Ray's forked processes must not inherit)."""
     from cli.commands.plan import queue_embedded_job
     from cli.commands.worker import runner_config
-    from workers.ray_env import connect_ray
-    from workers.runner import JobRunner
+    from workers.cluster.ray_env import connect_ray
+    from workers.jobs.runner import JobRunner
 
     connect_ray()
     spec = load_spec()

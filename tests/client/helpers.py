@@ -8,7 +8,7 @@ import numpy as np
 
 from client.tracing import path_name
 from schemas import ModelSpec
-from workers.compose import compose_stage
+from workers.measure.compose import compose_stage
 
 
 def by_name(tree: Any) -> dict[str, jax.Array]:

@@ -1,4 +1,4 @@
-"""A received spec is checked: dataflow (schemas, no jax) and programs (workers.compose)."""
+"""A received spec is checked: dataflow (schemas, no jax) and programs (workers.measure.compose)."""
 
 import base64
 
@@ -10,7 +10,7 @@ import pytest
 import client
 import schemas.model
 from schemas import ModelSpec
-from workers.compose import check_programs
+from workers.measure.compose import check_programs
 
 
 def _loss(p: dict, b: dict) -> jnp.ndarray:

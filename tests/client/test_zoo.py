@@ -9,7 +9,7 @@ import pytest
 from client import zoo
 from client.zoo.base import init_params
 from tests.client.helpers import assert_roundtrip, by_name
-from workers.compose import compose_stage
+from workers.measure.compose import compose_stage
 
 TINY = {
     "mlp": {"hidden_size": 16, "ffn_size": 32, "batch_size": 4},

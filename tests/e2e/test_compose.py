@@ -21,7 +21,7 @@ import yaml
 from cli.commands.worker import runner_config
 from cli.main import build_parser
 from server.settings import Settings
-from workers.ray_env import DEVICE_RESOURCE
+from workers.cluster.ray_env import DEVICE_RESOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (

@@ -34,7 +34,7 @@ from tests.e2e.stack import LocalStack, Service, free_port
 from tests.e2e.test_stack import e2e_database_url, stack_env
 from tests.runner.faults_report import record_fault as record
 from tests.runner.tcp_proxy import TcpProxy
-from workers.ray_watchdog import session_pids
+from workers.cluster.ray_watchdog import session_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(900)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.ray_env import DEVICE_RESOURCE
+from workers.cluster.ray_env import DEVICE_RESOURCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]  # about 20 s
 

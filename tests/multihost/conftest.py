@@ -9,7 +9,7 @@ from ray.cluster_utils import Cluster
 
 from schemas import ClusterSpec
 from tests.runner.conftest import FAST_OPTIONS, db_file, sessions  # noqa: F401 (fixtures)
-from workers.ray_env import DEVICE_RESOURCE
+from workers.cluster.ray_env import DEVICE_RESOURCE
 
 NODE = {"num_cpus": 2, "resources": {DEVICE_RESOURCE: 2}}
 # The cluster the tests plan for: one host per Ray node.

@@ -14,9 +14,9 @@ from planner import enumerate_candidates
 from schemas import ModelSpec, ProfileStatus, StageKey
 from tests.multihost.conftest import CLUSTER, OPTIONS
 from tests.runner.conftest import tiny_gpt
-from workers.measure import measure_stage
-from workers.placement import GroupShape
-from workers.pool import MeasurePool, MeasureTask, PoolConfig, RetryPolicy
+from workers.cluster.placement import GroupShape
+from workers.cluster.pool import CandidateRetry, CandidateTask, GroupPool, PoolConfig
+from workers.measure.stage import measure_stage
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
 
@@ -35,12 +35,12 @@ def _keys(spec: ModelSpec, hosts: int, devices: int) -> list[tuple[StageKey, Any
     ]
 
 
-def _failure(task: MeasureTask, status: ProfileStatus, error: str) -> Any:
+def _failure(task: CandidateTask, status: ProfileStatus, error: str) -> Any:
     return (status, error)
 
 
-def _pool(spec: ModelSpec, retry: RetryPolicy | None = None) -> MeasurePool:
-    return MeasurePool(
+def _pool(spec: ModelSpec, retry: CandidateRetry | None = None) -> GroupPool:
+    return GroupPool(
         PoolConfig(),
         model_key="m",
         spec=spec,
@@ -51,7 +51,7 @@ def _pool(spec: ModelSpec, retry: RetryPolicy | None = None) -> MeasurePool:
     )
 
 
-def _result(pool: MeasurePool, timeout_s: float = 240) -> Any:
+def _result(pool: GroupPool, timeout_s: float = 240) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         results = pool.poll(1.0)
@@ -73,7 +73,7 @@ def test_a_two_host_candidate_runs_on_two_nodes_and_equals_one_process(spec: Mod
     key, submesh = _keys(spec, 2, 2)[0]
     pool = _pool(spec)
     try:
-        pool.submit(MeasureTask("fp", key, submesh))
+        pool.submit(CandidateTask("fp", key, submesh))
         (group,) = pool.groups
         assert group.shape == GroupShape(2, 2)
         assert group.info is not None and group.info["num_devices"] == 4
@@ -105,12 +105,12 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
     ones = _keys(spec, 1, 1)
     pool = _pool(spec)
     try:
-        pool.submit(MeasureTask("a", key2, mesh2))
+        pool.submit(CandidateTask("a", key2, mesh2))
         first = pool.actor_pids()
         assert _result(pool).status == ProfileStatus.ok
         key1, mesh1 = ones[0]
         assert pool.accepts(mesh1)  # idle: it turns to the new shape
-        pool.submit(MeasureTask("b", key1, mesh1))
+        pool.submit(CandidateTask("b", key1, mesh1))
         # 2 nodes x 2 devices: four 1-device groups, none holding more than its device
         assert [g.shape for g in pool.groups] == [GroupShape(1, 1)] * 4
         assert all(g.info and g.info["num_devices"] == 1 for g in pool.groups)
@@ -118,7 +118,7 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
         assert len({g.processes[0].split(":")[0] for g in pool.groups}) == 2
         for key, mesh in ones[1:4]:
             assert pool.accepts(mesh)
-            pool.submit(MeasureTask(str(key), key, mesh))
+            pool.submit(CandidateTask(str(key), key, mesh))
         assert not pool.accepts(mesh1)  # all four busy
         done = []
         while len(done) < 4:
@@ -132,9 +132,9 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
 
 def test_a_dead_rank_loses_its_candidate_and_the_group_goes_on(spec: ModelSpec) -> None:
     (key, mesh), *_ = _keys(spec, 2, 2)
-    pool = _pool(spec, RetryPolicy(max_attempts=1))
+    pool = _pool(spec, CandidateRetry(max_attempts=1))
     try:
-        pool.submit(MeasureTask("x", key, mesh))
+        pool.submit(CandidateTask("x", key, mesh))
         before = pool.actor_pids()
         os.kill(before[1], 9)  # rank 1, on the second node
         lost = _result(pool)
@@ -143,7 +143,7 @@ def test_a_dead_rank_loses_its_candidate_and_the_group_goes_on(spec: ModelSpec) 
         after = pool.actor_pids()
         assert not set(after) & set(before)
         assert not any(_alive(pid) for pid in before)
-        pool.submit(MeasureTask("y", key, mesh))
+        pool.submit(CandidateTask("y", key, mesh))
         result = _result(pool)
         assert result.status == ProfileStatus.ok, result.error
         assert {int(p.split(":")[1]) for p in result.measured_by} == set(after)
@@ -157,7 +157,7 @@ def test_ranks_time_out_together(spec: ModelSpec) -> None:
     `timeout` from the group, neither rank left waiting in a collective for the other."""
     (key, mesh), *_ = _keys(spec, 2, 2)
     options = OPTIONS.model_copy(update={"candidate_timeout_s": 0.05})
-    pool = MeasurePool(
+    pool = GroupPool(
         PoolConfig(kill_grace_s=60.0),  # so the result is the ranks' own, not the pool's kill
         model_key="m",
         spec=spec,
@@ -166,7 +166,7 @@ def test_ranks_time_out_together(spec: ModelSpec) -> None:
         failure_result=_failure,
     )
     try:
-        pool.submit(MeasureTask("t", key, mesh))
+        pool.submit(CandidateTask("t", key, mesh))
         began = time.monotonic()
         result = _result(pool, timeout_s=90)
         assert result.status == ProfileStatus.timeout, result

@@ -16,8 +16,8 @@ from store import job_results, session_scope
 from store.tables import StageProfileRow
 from tests.multihost.conftest import CLUSTER, OPTIONS
 from tests.runner.conftest import queue_job, tiny_gpt
-from workers.pool import RetryPolicy
-from workers.runner import JobRunner, RunnerConfig
+from workers.cluster.pool import CandidateRetry
+from workers.jobs.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
 
@@ -56,7 +56,7 @@ def test_a_process_killed_mid_candidate_costs_that_candidate_not_the_job(
     sessions: sessionmaker[Session],
 ) -> None:
     job_id = _queue(sessions, num_layers=1)
-    runner = JobRunner(sessions, RunnerConfig(retry=RetryPolicy(max_attempts=1)))
+    runner = JobRunner(sessions, RunnerConfig(retry=CandidateRetry(max_attempts=1)))
     box: list[Any] = []
     thread = threading.Thread(target=lambda: box.append(runner.run_next(job_id)))
     thread.start()

@@ -24,7 +24,7 @@ from store.tables import StageClaimRow
 from tests.conftest import postgres_url
 from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
 from tests.runner.faults_report import record_fault
-from workers.runner import JobOutcome, JobRunner, RunnerConfig
+from workers.jobs.runner import JobOutcome, JobRunner, RunnerConfig
 
 pytestmark = [
     pytest.mark.ray,

@@ -17,7 +17,7 @@ from store import JobRow, claim_job, create_job, get_job, request_cancel, sessio
 from store.counters import read_counters
 from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
 from tests.runner.faults_report import record_fault
-from workers.runner import JobOutcome, JobRunner, RunnerConfig
+from workers.jobs.runner import JobOutcome, JobRunner, RunnerConfig
 
 LEASE_S = 1.5
 STOP_WITHIN_S = 5.0

@@ -19,7 +19,7 @@ from store import (
     session_scope,
 )
 from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
-from workers.runner import JobRunner, RunnerConfig
+from workers.jobs.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from schemas import JobStatus
 from store import JobCandidateRow, StageProfileRow, get_job, session_scope
 from tests.runner.conftest import queue_job, tiny_gpt
-from workers.runner import JobRunner, RunnerConfig
+from workers.jobs.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from store import make_engine, make_sessionmaker
 from tests.conftest import postgres_url
 from tests.runner.tcp_proxy import TcpProxy
-from workers.retry import StoreRetry, WorkerShutdown, is_transient
+from workers.jobs.retry import StoreRetry, WorkerShutdown, is_transient
 
 pytestmark = pytest.mark.postgres
 

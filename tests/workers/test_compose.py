@@ -1,4 +1,4 @@
-"""workers.compose: stages from layer programs; wiring, caching, numerics."""
+"""workers.measure.compose: stages from layer programs; wiring, caching, numerics."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 
 import client
 from tests.client.helpers import assert_roundtrip, by_name
-from workers.compose import compose_stage, load_layer
+from workers.measure.compose import compose_stage, load_layer
 
 H = 8
 

@@ -12,7 +12,7 @@ import pytest
 
 import client
 from schemas import ClusterSpec, ModuleKind, PlanOptions, ShardingConfig, SubmeshShape
-from workers.measure import measure_stage_on
+from workers.measure.stage import measure_stage_on
 
 HIDDEN, FFN, BATCH, BLOCKS = 32, 64, 8, 2
 ONE_DEVICE = SubmeshShape(hosts=1, devices_per_host=1)

@@ -4,7 +4,7 @@ import pytest
 
 from schemas import ModelSpec, PlanOptions, ShardingConfig, SubmeshShape
 from tests.workers.specs import dense_spec
-from workers.fingerprint import stage_fingerprint, stage_io
+from workers.measure.fingerprint import stage_fingerprint, stage_io
 
 SUBMESH = SubmeshShape(hosts=1, devices_per_host=2)
 DATA = ShardingConfig(logical_mesh=(2, 1), strategy="data")

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from workers.hlo_stats import COLLECTIVE_KINDS, collective_bytes, shape_bytes
+from workers.measure.hlo_stats import COLLECTIVE_KINDS, collective_bytes, shape_bytes
 
 HLO = """
 ENTRY %main {

@@ -21,8 +21,8 @@ from schemas import (
     max_n_succ_stages,
 )
 from tests.workers.specs import dense_spec
-from workers import measure as measure_mod
-from workers.measure import TIMING_BUDGET_S, measure_stage, measure_stage_on
+from workers.measure import stage as measure_mod
+from workers.measure.stage import TIMING_BUDGET_S, measure_stage, measure_stage_on
 
 CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=8)
 FAST = PlanOptions(repeats=2, warmup=1)

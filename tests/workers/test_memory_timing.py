@@ -9,8 +9,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from schemas import ParamSpec
-from workers.memory import estimate_initial_bytes, module_memory, per_device_bytes
-from workers.timing import CandidateTimeout, Deadline, median, random_array, time_runs
+from workers.measure.memory import estimate_initial_bytes, module_memory, per_device_bytes
+from workers.measure.timing import CandidateTimeout, Deadline, median, random_array, time_runs
 
 
 def mesh_2x2() -> Mesh:

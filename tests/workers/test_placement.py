@@ -4,8 +4,8 @@ a submesh (hosts spread over nodes, or emulated in one process)."""
 import pytest
 
 from schemas import SubmeshShape
-from workers.placement import GroupShape, Layout, NodeCapacity
-from workers.ray_env import DEVICE_RESOURCE
+from workers.cluster.placement import GroupShape, Layout, NodeCapacity
+from workers.cluster.ray_env import DEVICE_RESOURCE
 
 
 def _nodes(*devices: int | None, cpus: float = 8) -> tuple[NodeCapacity, ...]:
@@ -89,7 +89,7 @@ def test_which_pool_a_job_gets(
     from planner import enumerate_candidates
     from schemas import ClusterSpec, PlanOptions
     from tests.workers.specs import dense_spec
-    from workers import runner as runner_module
+    from workers.jobs import runner as runner_module
 
     monkeypatch.setattr(runner_module, "virtual_devices_only", lambda: local)
     space = enumerate_candidates(

@@ -18,7 +18,7 @@ from schemas import (
     ShardingConfig,
     SubmeshShape,
 )
-from workers.measure import measure_stage_on
+from workers.measure.stage import measure_stage_on
 
 SEED = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "000_5fa4ec02fa33ebc2.txt"
 # The same numbers, for checkouts without ../shared (copied from the seed's printed result).

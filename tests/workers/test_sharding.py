@@ -6,7 +6,7 @@ from jax.sharding import PartitionSpec as P
 
 from schemas import ParamSpec, ShardingConfig, VarSpec
 from schemas.cluster import StrategyName
-from workers.sharding import PARAM_RULES, batch_spec, make_mesh, stage_shardings
+from workers.measure.sharding import PARAM_RULES, batch_spec, make_mesh, stage_shardings
 
 
 def param(name: str, *shape: int, axes: tuple[str | None, ...] | None = None) -> ParamSpec:

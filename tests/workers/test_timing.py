@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.quiet import ENV_DIR, ENV_ENABLED, compile_slot, timing_slot
-from workers.timing import (
+from workers.measure.quiet import ENV_DIR, ENV_ENABLED, compile_slot, timing_slot
+from workers.measure.timing import (
     ENV_CLOCK,
     CandidateTimeout,
     Deadline,
@@ -104,7 +104,7 @@ def test_adaptive_runs_check_the_deadline_between_runs() -> None:
 
 CHILD = """
 import sys, time
-from workers.quiet import compile_slot, timing_slot
+from workers.measure.quiet import compile_slot, timing_slot
 kind, hold = sys.argv[1], float(sys.argv[2])
 print("ready", flush=True)
 start_at = float(sys.stdin.readline())

@@ -1,6 +1,6 @@
 """Connecting to Ray: the cluster at `RAY_ADDRESS`, or a local one started in-process.
 
-A local Ray is watched by `workers.ray_watchdog`: when this process dies, by any signal,
+A local Ray is watched by `workers.cluster.ray_watchdog`: when this process dies, by any signal,
 the watchdog stops the Ray processes it started."""
 
 import logging
@@ -64,7 +64,7 @@ def session_name() -> str:
 def start_watchdog(session: str) -> subprocess.Popen[bytes]:
     """A process that outlives this one and stops the Ray session `session` after it."""
     return subprocess.Popen(
-        [sys.executable, "-m", "workers.ray_watchdog", str(os.getpid()), session],
+        [sys.executable, "-m", "workers.cluster.ray_watchdog", str(os.getpid()), session],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -3,46 +3,67 @@ as they come (or kept until the database is back), stages another runner measure
 waited for, and stages that cannot be in a better plan are skipped."""
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 import planner
 import store
 from schemas import StageKey, StageProfileResult, SubmeshShape
-from workers.heartbeat import LeaseKeeper
-from workers.pool import MeasurePool, MeasureTask
-from workers.retry import StoreRetry, is_transient
-from workers.stage_ledger import OURS, WAIT, StageLedger
-
-if TYPE_CHECKING:
-    from workers.job_stats import JobStats, ProgressCallback
-    from workers.runner import RunnerConfig
+from workers.cluster import CandidateTask, GroupPool
+from workers.jobs.heartbeat import LeaseKeeper
+from workers.jobs.job_stats import JobStats, ProgressCallback
+from workers.jobs.retry import StoreRetry, is_transient
+from workers.jobs.stage_ledger import OURS, WAIT, StageLedger
 
 logger = logging.getLogger(__name__)
 
 Feed = Callable[[str, StageProfileResult], None]
 
 
-class MeasureLoop:
-    """The measuring phase of `JobRunner` (its pool, config, store and progress callback)."""
+class MeasuringPhase:
+    """The measuring phase of one job. It owns the job's pool of measuring groups, started
+    at the first stage that needs measuring (or by `ensure_pool`) and ended by `stop`."""
 
-    pool: MeasurePool | None
-    config: "RunnerConfig"
-    store: StoreRetry
-    on_progress: "ProgressCallback | None"
-
-    def _measure(
+    def __init__(
         self,
+        store: StoreRetry,
+        *,
         job_id: str,
+        start_pool: Callable[[], GroupPool],
+        poll_seconds: float,
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.start_pool = start_pool
+        self.poll_seconds = poll_seconds
+        self.on_progress = on_progress
+        self.pool: GroupPool | None = None
+
+    def ensure_pool(self) -> GroupPool:
+        """The phase's pool, started now if it is not yet."""
+        if self.pool is None:
+            self.pool = self.start_pool()
+        return self.pool
+
+    def stop(self, stats: JobStats) -> None:
+        """Stop the pool's actors (if any started) and count them in `stats`."""
+        if self.pool is not None:
+            stats.actors_started = self.pool.actors_started
+            stats.actors_replaced = self.pool.actors_replaced
+            self.pool.shutdown()
+            self.pool = None
+
+    def run(
+        self,
         fingerprints: list[str],
         keys_by_fp: dict[str, list[StageKey]],
         submeshes: Sequence[SubmeshShape],
         pruner: planner.StagePruner | None,
-        stats: "JobStats",
-        start_pool: Callable[[], MeasurePool],
+        stats: JobStats,
         keeper: LeaseKeeper,
         ledger: StageLedger,
     ) -> None:
@@ -78,53 +99,43 @@ class MeasureLoop:
                     stats.waited += 1
                 if claim != OURS:
                     continue
-                if self.pool is None:
-                    self.pool = start_pool()
                 key = keys_by_fp[fp][0]
-                self.pool.submit(MeasureTask(fp, key, submeshes[key.submesh_id]))
+                self.ensure_pool().submit(CandidateTask(fp, key, submeshes[key.submesh_id]))
             if skipped:
-                self._store_pruned(job_id, skipped, stats)
+                self._store_pruned(skipped, stats)
             settled, freed = ledger.settle_waiting()
             for item in settled:
                 feed(item.fingerprint, item.result)
             queue.extendleft(reversed(freed))
             if self.pool is None or not self.pool.busy:
                 if ledger.unsaved:
-                    self._flush(job_id, ledger, stats, feed)
+                    self._flush(ledger, stats, feed)
                 if queue or ledger.waiting or ledger.unsaved:
-                    keeper.sleep(self.config.poll_seconds)
+                    keeper.sleep(self.poll_seconds)
                 continue
-            for result in self.pool.poll(self.config.poll_seconds):
-                self._store_result(job_id, result, stats, ledger, feed)
+            for result in self.pool.poll(self.poll_seconds):
+                self._store_result(result, stats, ledger, feed)
             if ledger.unsaved:
-                self._flush(job_id, ledger, stats, feed)
+                self._flush(ledger, stats, feed)
 
     def _store_result(
-        self,
-        job_id: str,
-        result: StageProfileResult,
-        stats: "JobStats",
-        ledger: StageLedger,
-        feed: Feed,
+        self, result: StageProfileResult, stats: JobStats, ledger: StageLedger, feed: Feed
     ) -> None:
         """A measured result: stored now, or kept until the database is back."""
         ledger.keep(result)
-        self._flush(job_id, ledger, stats, feed)
+        self._flush(ledger, stats, feed)
 
-    def _flush(
-        self,
-        job_id: str,
-        ledger: StageLedger,
-        stats: "JobStats",
-        feed: Feed,
-    ) -> None:
+    def _flush(self, ledger: StageLedger, stats: JobStats, feed: Feed) -> None:
+        began = time.perf_counter()
         stored = ledger.flush()
+        stats.store_seconds += time.perf_counter() - began
         for result in stored:
             feed(result.fingerprint, result)
         if stored and self.on_progress is not None:
-            self.on_progress(self._job_row(job_id), stats)
+            self.on_progress(self._job_row(), stats)
 
-    def _job_row(self, job_id: str) -> store.JobRow | None:
+    def _job_row(self) -> store.JobRow | None:
+        job_id = self.job_id
         try:
             return self.store.once(
                 "progress", lambda s: store.get_job(s, job_id=job_id), write=False
@@ -134,12 +145,16 @@ class MeasureLoop:
                 return None
             raise
 
-    def _store_pruned(self, job_id: str, fingerprints: list[str], stats: "JobStats") -> None:
+    def _store_pruned(self, fingerprints: list[str], stats: JobStats) -> None:
+        job_id = self.job_id
+
         def prune(s: Session) -> store.JobRow | None:
             store.mark_pruned(s, job_id=job_id, fingerprints=fingerprints)
             store.refresh_progress(s, job_id=job_id)
             return store.get_job(s, job_id=job_id)
 
+        began = time.perf_counter()
         job = self.store.patient("pruned stages", prune)
+        stats.store_seconds += time.perf_counter() - began
         if self.on_progress is not None:
             self.on_progress(job, stats)

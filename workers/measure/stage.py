@@ -26,14 +26,14 @@ from schemas import (
     SubmeshShape,
     max_n_succ_stages,
 )
-from workers.compose import compose_stage
-from workers.fingerprint import stage_fingerprint
-from workers.hlo_stats import collective_bytes
-from workers.memory import estimate_initial_bytes
-from workers.quiet import compile_slot, timing_slot
-from workers.sharding import make_mesh, stage_shardings
-from workers.stage_modules import CompiledModule, StageModules
-from workers.timing import (
+from workers.measure.compose import compose_stage
+from workers.measure.fingerprint import stage_fingerprint
+from workers.measure.hlo_stats import collective_bytes
+from workers.measure.memory import estimate_initial_bytes
+from workers.measure.quiet import compile_slot, timing_slot
+from workers.measure.sharding import make_mesh, stage_shardings
+from workers.measure.stage_modules import CompiledModule, StageModules
+from workers.measure.timing import (
     CandidateTimeout,
     Deadline,
     clock_for,
@@ -208,7 +208,7 @@ def _run(
     modules: StageModules, measured: _Measured, options: PlanOptions, deadline: Deadline
 ) -> None:
     """Allocate the stage's arrays and time forward, backward and apply_grad, while no
-    other process on the machine compiles or times (`workers.quiet`: one section for all
+    other process on the machine compiles or times (`workers.measure.quiet`: one section for all
     three, so the other actors' compiles wait once, not between modules)."""
     with timing_slot(deadline.limit_s):
         _run_quietly(modules, measured, options, deadline)

@@ -2,7 +2,7 @@
 
 forward = the stage's layers' forwards, returning the stage outputs and the stash (the
 residuals and the vars the backwards read); backward = the layers' backwards in reverse,
-from the parameters, the stash and the output cotangents (see `workers.compose`); nothing is
+from the parameters, the stash and the output cotangents (see `workers.measure.compose`); nothing is
 recomputed. apply_grad = the optax update of the parameters.
 Only floating outputs and floating inputs that come from earlier layers are differentiated;
 integer ones (token ids, labels) and the model's batch inputs ride along untouched.
@@ -21,8 +21,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax.tree_util import SequenceKey
 
 from schemas import ModuleKind, ParamSpec, VarSpec
-from workers.memory import ModuleMemory, module_memory, per_device_bytes
-from workers.sharding import StageShardings
+from workers.measure.memory import ModuleMemory, module_memory, per_device_bytes
+from workers.measure.sharding import StageShardings
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ OPTIMIZERS: dict[str, Callable[[], optax.GradientTransformation]] = {
 
 
 class StageProgramLike(Protocol):
-    """What `workers.compose.compose_stage` returns (`StageProgram`)."""
+    """What `workers.measure.compose.compose_stage` returns (`StageProgram`)."""
 
     params: list[ParamSpec]
     inputs: list[VarSpec]
@@ -64,7 +64,7 @@ class CompiledModule:
 
     @functools.cached_property
     def memory(self) -> ModuleMemory:
-        """Its memory per device (see `workers.memory.module_memory`)."""
+        """Its memory per device (see `workers.measure.memory.module_memory`)."""
         return module_memory(self.compiled)
 
 

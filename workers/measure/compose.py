@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import programs
 from programs import load_layer
 from schemas import FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
-from workers.fingerprint import stage_io
+from workers.measure.fingerprint import stage_io
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,8 @@ rest on Ray, store each result the moment it exists, then plan.
 
 From claim to end a `LeaseKeeper` thread renews the job's lease; every phase checks it, so a
 cancel, a lost lease or SIGTERM stops the job within seconds. Store accesses wait out
-database outages (`workers.retry`); stages are claimed across jobs (`workers.stage_ledger`).
+database outages (`workers.jobs.retry`); stages are claimed across jobs
+(`workers.jobs.stage_ledger`).
 """
 
 import hashlib
@@ -32,23 +33,23 @@ from schemas import (
 from store.claims import release_claims
 from store.counters import add_counts
 from store.jobs import cancelled_expired_ids, reap_cancelled_expired, release_lease
-from workers.counters import RunnerCounters
-from workers.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
-from workers.job_inputs import JobFailed, ZooBuilder, enumerate_space, load_job
-from workers.job_stats import JobOutcome, JobStats, ProgressCallback
-from workers.pool import (
+from workers.cluster import (
     KILL_GRACE_S,
-    MeasurePool,
-    MeasureTask,
+    CandidateRetry,
+    CandidateTask,
+    GroupPool,
     PoolConfig,
-    RetryPolicy,
     make_layout,
+    virtual_devices_only,
 )
-from workers.ray_env import virtual_devices_only
-from workers.retry import StoreRetry, is_transient
-from workers.stage_ledger import StageLedger
-from workers.stage_loop import MeasureLoop
-from workers.stage_order import by_group_shape, measure_order
+from workers.jobs.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
+from workers.jobs.job_inputs import JobFailed, ZooBuilder, enumerate_space, load_job
+from workers.jobs.job_stats import JobOutcome, JobStats, ProgressCallback
+from workers.jobs.phase import MeasuringPhase
+from workers.jobs.retry import StoreRetry, is_transient
+from workers.jobs.runner_metrics import RunnerCounters
+from workers.jobs.stage_ledger import StageLedger
+from workers.jobs.stage_order import by_group_shape, measure_order
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +77,10 @@ class RunnerConfig:
     # False measures every candidate on its own, as Alpa does (a baseline for benchmarks):
     # a candidate's fingerprint then also names its (start, end, submesh, config).
     reuse_stages: bool = True
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: CandidateRetry = field(default_factory=CandidateRetry)
 
 
-class JobRunner(MeasureLoop):
+class JobRunner:
     """Runs jobs from the store on a Ray pool. One job at a time per runner."""
 
     def __init__(
@@ -95,10 +96,15 @@ class JobRunner(MeasureLoop):
         self.config = config or RunnerConfig()
         self.build_zoo = build_zoo
         self.on_progress = on_progress
-        self.pool: MeasurePool | None = None
+        self.phase: MeasuringPhase | None = None  # the current job's measuring phase
         self.counters = RunnerCounters()
         self.store = StoreRetry(sessions, counters=self.counters, shutdown=shutdown)
         self._worker_info: dict[str, Any] | None = None
+
+    @property
+    def pool(self) -> GroupPool | None:
+        """The current job's pool of measuring groups, once started."""
+        return None if self.phase is None else self.phase.pool
 
     @property
     def shutdown(self) -> threading.Event:
@@ -202,11 +208,9 @@ class JobRunner(MeasureLoop):
         return self._end(job_id, status, plan, error, stats)
 
     def _stop_pool(self, stats: JobStats) -> None:
-        if self.pool is not None:
-            stats.actors_started = self.pool.actors_started
-            stats.actors_replaced = self.pool.actors_replaced
-            self.pool.shutdown()
-            self.pool = None
+        if self.phase is not None:
+            self.phase.stop(stats)
+            self.phase = None
 
     def _hand_back(self, job_id: str, stats: JobStats, started: float) -> JobOutcome:
         """SIGTERM: the job's lease ends now (another runner takes it over at once), unless
@@ -272,8 +276,8 @@ class JobRunner(MeasureLoop):
     def _profile_and_plan(
         self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
     ) -> Plan:
-        from workers.compose import check_programs
-        from workers.fingerprint import stage_fingerprint
+        from workers.measure.compose import check_programs
+        from workers.measure.fingerprint import stage_fingerprint
 
         model_id, spec, cluster, options = load_job(self.store, keeper, job_id, self.build_zoo)
         try:
@@ -288,8 +292,8 @@ class JobRunner(MeasureLoop):
         pool_config = self._pool_config(space)
         layout = make_layout(pool_config)
 
-        def start_pool() -> MeasurePool:
-            return MeasurePool(
+        def start_pool() -> GroupPool:
+            return GroupPool(
                 pool_config,
                 model_key=model_id,
                 spec=spec,
@@ -301,11 +305,17 @@ class JobRunner(MeasureLoop):
                 check=keeper.check,
             )
 
+        phase = self.phase = MeasuringPhase(
+            self.store,
+            job_id=job_id,
+            start_pool=start_pool,
+            poll_seconds=self.config.poll_seconds,
+            on_progress=self.on_progress,
+        )
         if self._worker_info is None:  # first job of this runner: ask the actors once
-            self.pool = start_pool()
-            # stages are measured small first, on the largest submesh first (_measure_order)
+            # stages are measured small first, on the largest submesh first (measure_order)
             largest = max(space.submeshes, key=lambda m: m.num_devices)
-            self._worker_info = self.pool.info(largest)
+            self._worker_info = phase.ensure_pool().info(largest)
         device_kind = str(self._worker_info["device_kind"])
         jax_version = str(self._worker_info["jax_version"])
 
@@ -361,17 +371,7 @@ class JobRunner(MeasureLoop):
             # never need measuring. Within a size, larger submeshes first (as Alpa).
             to_measure.sort(key=lambda fp: measure_order(keys_by_fp[fp], space))
         to_measure = by_group_shape(to_measure, keys_by_fp, space, layout)
-        self._measure(
-            job_id,
-            to_measure,
-            keys_by_fp,
-            space.submeshes,
-            pruner,
-            stats,
-            start_pool,
-            keeper,
-            ledger,
-        )
+        phase.run(to_measure, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
 
         def to_planning(s: Session) -> Any:
             if not store.set_job_status(
@@ -412,7 +412,7 @@ class _FailureFactory:
         self.space = space
         self.cluster = cluster
 
-    def make(self, task: MeasureTask, status: ProfileStatus, error: str) -> StageProfileResult:
+    def make(self, task: CandidateTask, status: ProfileStatus, error: str) -> StageProfileResult:
         submesh, config = self.space.resolve(task.key)
         return StageProfileResult(
             status=status,

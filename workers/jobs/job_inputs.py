@@ -11,8 +11,8 @@ import store
 from schemas import ClusterSpec, ModelSpec, PlanOptions
 from schemas.candidate_count import count_candidates
 from schemas.limits import max_candidates
-from workers.heartbeat import LeaseKeeper
-from workers.retry import StoreRetry
+from workers.jobs.heartbeat import LeaseKeeper
+from workers.jobs.retry import StoreRetry
 
 ZooBuilder = Callable[[str, dict[str, Any]], ModelSpec]
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 from schemas import StageKey
-from workers.placement import Layout
+from workers.cluster.placement import Layout
 
 
 def by_group_shape(

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from schemas import FLOAT_DTYPES
-from workers.group_sync import all_processes, any_process
+from workers.measure.group_sync import all_processes, any_process
 
 ENV_CLOCK = "STAGEPROF_TIMING_CLOCK"  # wall (default) or cpu
 
@@ -41,7 +41,7 @@ class Deadline:
 
     def check(self, phase: str) -> None:
         """Raise `CandidateTimeout` when the budget is spent (after `phase`); in a group of
-        processes, in all of them when it is spent in any (`workers.group_sync`)."""
+        processes, in all of them when it is spent in any (`workers.measure.group_sync`)."""
         elapsed = self.elapsed_s
         if any_process(elapsed > self.limit_s):
             raise CandidateTimeout(phase, elapsed, self.limit_s)
@@ -110,7 +110,7 @@ def clock_for(devices: Sequence[Any]) -> Callable[[], float]:
     CPU time is the least moved by other processes' load (bench/timing_clock.py), but on
     virtual CPU devices it sums every device's thread, so a stage on 2 devices costs ~1.8x
     its wall time and the planner would rank submeshes by work instead of by time; wall time
-    is what a step takes, and the quiet sections (`workers.quiet`) keep our own actors'
+    is what a step takes, and the quiet sections (`workers.measure.quiet`) keep our own actors'
     compiles out of it. A GPU's work is never CPU time: wall time there, whatever is set."""
     choice = os.environ.get(ENV_CLOCK, "wall").strip().lower()
     if choice == "cpu" and devices and all(getattr(d, "platform", "") == "cpu" for d in devices):

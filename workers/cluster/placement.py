@@ -15,7 +15,7 @@ from typing import Any
 import ray
 
 from schemas import SubmeshShape
-from workers.ray_env import DEVICE_RESOURCE
+from workers.cluster.ray_env import DEVICE_RESOURCE
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from workers.host_group import MeasuringGroup
-from workers.placement import GroupShape, Layout
+from workers.cluster.host_group import MeasuringGroup
+from workers.cluster.placement import GroupShape, Layout
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageKey, StageProfileResult
-from workers.placement import GroupShape, Layout
+from workers.cluster.placement import GroupShape, Layout
 
 logger = logging.getLogger(__name__)
 
-# Measurement settings of this process that its actors follow (workers.quiet, timing).
+# Measurement settings of this process that its actors follow (workers.measure.quiet, timing).
 FORWARDED_ENV = ("STAGEPROF_QUIET_TIMING", "STAGEPROF_LOCK_DIR", "STAGEPROF_TIMING_CLOCK")
 JOIN_TIMEOUT_S = 120
 
@@ -94,7 +94,7 @@ class HostWorker:
     ) -> StageProfileResult:
         import jax
 
-        from workers.measure import measure_stage
+        from workers.measure.stage import measure_stage
 
         spec = self._spec_cache.setdefault(model_key, spec)
         result = measure_stage(spec, key, cluster, options, devices=jax.devices())

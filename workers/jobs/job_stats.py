@@ -19,6 +19,7 @@ class JobStats:
     actors_started: int = 0
     actors_replaced: int = 0
     waited: int = 0  # stages another runner was measuring, whose result this job waited for
+    store_seconds: float = 0.0  # the measuring phase's time writing results to the store
 
     @property
     def candidates(self) -> int:

@@ -1,7 +1,7 @@
-"""A pool of measuring groups (`workers.host_group`), one group shape at a time.
+"""A pool of measuring groups (`workers.cluster.host_group`), one group shape at a time.
 
 Stages are measured shape by shape, as Alpa does: for each shape the pool starts as many
-groups as the Ray cluster's devices and CPUs fit (`workers.placement`), each in its own
+groups as the Ray cluster's devices and CPUs fit (`workers.cluster.placement`), each in its own
 placement group, runs them in parallel, and respawns them for the next shape. Failures are
 data: a candidate past its time limit, or whose group lost a process twice, comes back as a
 `StageProfileResult` with status `timeout` or `worker_lost`, never as an exception.
@@ -26,9 +26,9 @@ from schemas import (
     StageProfileResult,
     SubmeshShape,
 )
-from workers.group_start import GroupStarter
-from workers.host_group import MeasuringGroup, combine
-from workers.placement import GroupShape, Layout, measuring_nodes
+from workers.cluster.group_start import GroupStarter
+from workers.cluster.host_group import MeasuringGroup, combine
+from workers.cluster.placement import GroupShape, Layout, measuring_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ ACTOR_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class CandidateRetry:
     """How often a candidate whose group lost a process is tried before it is `worker_lost`."""
 
     max_attempts: int = 2
@@ -60,7 +60,7 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
-class MeasureTask:
+class CandidateTask:
     """One distinct stage to measure, as the candidate `key` (on `submesh`) it was first
     seen as."""
 
@@ -89,7 +89,7 @@ def make_layout(config: PoolConfig) -> Layout:
     )
 
 
-class MeasurePool:
+class GroupPool:
     """Fans distinct stages out to groups; `poll()` returns finished results."""
 
     def __init__(
@@ -100,13 +100,13 @@ class MeasurePool:
         spec: ModelSpec,
         cluster: ClusterSpec,
         options: PlanOptions,
-        failure_result: Callable[[MeasureTask, ProfileStatus, str], StageProfileResult],
-        retry: RetryPolicy | None = None,
+        failure_result: Callable[[CandidateTask, ProfileStatus, str], StageProfileResult],
+        retry: CandidateRetry | None = None,
         layout: Layout | None = None,
         check: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or CandidateRetry()
         self.layout = layout or make_layout(config)
         self._model_key = model_key
         self._spec_ref = ray.put(spec)
@@ -114,7 +114,7 @@ class MeasurePool:
         self._options = options
         self._failure_result = failure_result
         self._starter = GroupStarter(self.layout, check or (lambda: None))
-        self._queue: deque[MeasureTask] = deque()
+        self._queue: deque[CandidateTask] = deque()
         self._attempts = _Attempts()
         self._groups: list[MeasuringGroup] = []
         self._shape: GroupShape | None = None
@@ -147,7 +147,7 @@ class MeasurePool:
             return False
         return len(self._queue) < sum(g.task is None for g in self._groups)
 
-    def submit(self, task: MeasureTask) -> None:
+    def submit(self, task: CandidateTask) -> None:
         self._queue.append(task)
         self._dispatch()
 
@@ -210,7 +210,7 @@ class MeasurePool:
             self._queue.popleft()
             self._run(free, task)
 
-    def _run(self, group: MeasuringGroup, task: MeasureTask) -> None:
+    def _run(self, group: MeasuringGroup, task: CandidateTask) -> None:
         group.task, group.started, group.first_done = task, time.monotonic(), None
         group.refs = [
             a.measure.remote(
@@ -300,7 +300,7 @@ class MeasurePool:
         return []
 
     def _collect(
-        self, group: MeasuringGroup, task: MeasureTask, answers: list[Any]
+        self, group: MeasuringGroup, task: CandidateTask, answers: list[Any]
     ) -> StageProfileResult:
         group.task, group.refs = None, []
         error = next((a for a in answers if isinstance(a, Exception)), None)
@@ -311,7 +311,7 @@ class MeasurePool:
         return combine(answers)
 
     def _lost(
-        self, group: MeasuringGroup, task: MeasureTask, err: Exception
+        self, group: MeasuringGroup, task: CandidateTask, err: Exception
     ) -> list[StageProfileResult]:
         attempt = self._attempts.add(task.fingerprint)
         logger.warning("a process died measuring %s (attempt %d): %s", task.key, attempt, err)
@@ -327,7 +327,7 @@ class MeasurePool:
             )
         ]
 
-    def _unplaceable(self, task: MeasureTask, shape: GroupShape) -> StageProfileResult:
+    def _unplaceable(self, task: CandidateTask, shape: GroupShape) -> StageProfileResult:
         return self._failure_result(
             task,
             ProfileStatus.runtime_error,

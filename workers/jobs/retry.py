@@ -20,7 +20,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from store import session_scope
-from workers.counters import RunnerCounters
+from workers.jobs.runner_metrics import RunnerCounters
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import store
 from schemas import StageProfileResult
 from store.claims import claim_stage, live_claims, release_claims
 from store.profiles import TRANSIENT_STATUSES
-from workers.retry import StoreRetry, is_transient
+from workers.jobs.retry import StoreRetry, is_transient
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
-"""`python -m workers.ray_watchdog PID SESSION`: outlive process PID (a worker that started a
-local Ray) and, once it is gone however it died (kill -9 included), stop every process of
+"""`python -m workers.cluster.ray_watchdog PID SESSION`: outlive process PID (a worker that
+started a local Ray) and, once it is gone however it died (kill -9 included), stop every process of
 its Ray session, so that no Ray process survives the worker by more than a second or two.
 
 The session's processes are those whose command line names the session, and every
 descendant of PID seen while it lived: Ray's agents rename themselves (`ray::DashboardAgent`)
 and ignore SIGTERM, so they are found by ancestry and killed with SIGKILL after a grace.
 
-Started by `workers.ray_env.connect_ray` in a session of its own, so that a signal to the
+Started by `workers.cluster.ray_env.connect_ray` in a session of its own, so that a signal to the
 worker's process group does not reach it."""
 
 import os

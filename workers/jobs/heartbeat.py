@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from store import is_cancel_requested, renew_lease
 from store.claims import renew_claims
 from store.counters import add_counts
-from workers.retry import StoreRetry, WorkerShutdown, is_transient
+from workers.jobs.retry import StoreRetry, WorkerShutdown, is_transient
 
 logger = logging.getLogger(__name__)
 
