@@ -32,6 +32,10 @@ class ModuleKind(StrEnum):
     forward = "forward"
     backward = "backward"
     apply_grad = "apply_grad"
+    # Zero-bubble schedules: the backward split by dependency (B: input cotangents; W: the
+    # rest, the weight gradients). FLOPs(B) + FLOPs(W) = FLOPs(backward).
+    backward_input = "backward_input"
+    backward_weight = "backward_weight"
 
 
 class ModuleProfileResult(Frozen):
@@ -88,6 +92,12 @@ class StageProfileResult(Frozen):
     intermediate_size: int = Field(
         0, ge=0, description="Stashed activations per micro-batch per device, bytes."
     )
+    weight_stash_size: int = Field(
+        0,
+        ge=0,
+        description="Bytes per device per micro-batch that B keeps for W until W runs "
+        "(zero-bubble schedules; 0 when the split was not measured).",
+    )
     max_n_succ_stages: int = Field(
         -1, ge=-1, le=MAX_SUCC_STAGES, description="Alpa's 1F1B memory rule; -1 = infeasible."
     )
@@ -125,6 +135,18 @@ class StageProfileResult(Frozen):
     @property
     def backward_cost(self) -> float:
         m = self.module(ModuleKind.backward)
+        return m.compute_cost if m and self.ok else math.inf
+
+    @property
+    def input_grad_cost(self) -> float:
+        """B of a split backward, seconds (inf when the split was not measured)."""
+        m = self.module(ModuleKind.backward_input)
+        return m.compute_cost if m and self.ok else math.inf
+
+    @property
+    def weight_grad_cost(self) -> float:
+        """W of a split backward, seconds (inf when the split was not measured)."""
+        m = self.module(ModuleKind.backward_weight)
         return m.compute_cost if m and self.ok else math.inf
 
     @property
