@@ -19,6 +19,11 @@ from schemas.model import ModelSpec
 SubmeshSpace = Literal["power_of_two", "small_power_of_two", "all", "manual"]
 ConfigSpace = Literal["all", "single_node_model_parallel", "data_parallel_only"]
 OptimizerName = Literal["sgd", "adam"]
+ScheduleName = Literal["1f1b", "gpipe", "interleaved", "zb-h1"]
+# The schedules a plan request may ask for: one of them, or "auto" (the best in simulated time).
+ScheduleChoice = Literal["auto", "1f1b", "gpipe", "interleaved", "zb-h1"]
+ZERO_BUBBLE_SCHEDULES: frozenset[str] = frozenset({"zb-h1"})
+MAX_VIRTUAL_STAGES = 16
 MAX_MICROBATCHES = 4096
 ALL_STRATEGIES: tuple[StrategyName, ...] = ("data", "megatron", "fsdp")
 
@@ -88,6 +93,18 @@ class PlanOptions(Frozen):
     include_communication: bool = Field(
         False, description="Add inter-stage activation transfer time (Alpa ignores it)."
     )
+    schedule: ScheduleChoice = Field(
+        "auto",
+        description="Pipeline schedule: one of 1f1b, gpipe, interleaved, zb-h1, or auto (the "
+        "best plan of each is simulated and the fastest chosen).",
+    )
+    virtual_stages: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_VIRTUAL_STAGES,
+        description="Model chunks per device group for the interleaved schedule (v); "
+        "default: chosen by the planner.",
+    )
     prune: bool = Field(
         True,
         description="Skip candidates that cannot be in a plan better than one already "
@@ -114,6 +131,12 @@ class PlanOptions(Frozen):
         if self.submesh_space == "manual" and not self.manual_submeshes:
             raise ValueError("manual_submeshes is required when submesh_space is 'manual'")
         return self
+
+    @property
+    def measures_split_backward(self) -> bool:
+        """Whether stages are also measured with their backward split into B and W (the
+        zero-bubble schedules need it; `auto` considers them)."""
+        return self.schedule == "auto" or self.schedule in ZERO_BUBBLE_SCHEDULES
 
     def check_micro_batch(self, micro_batch_size: int) -> None:
         """Raise ValueError when the global batch disagrees with the spec's micro-batch."""
