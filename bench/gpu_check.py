@@ -306,6 +306,17 @@ def format_table(device: str, rows: list[dict[str, Any]]) -> str:
             )
         if row["device_peak_bytes"] is None and row.get("device_peak_unavailable"):
             lines.append(f"  high-water mark unavailable: {row['device_peak_unavailable']}")
+        elif row["device_peak_bytes"] is not None:
+            lines.append(
+                f"  in use before the run (parameters, inputs): "
+                f"{_mib(row['device_in_use_before_run_bytes'])}; mark after compiling: "
+                f"{_mib(row['device_peak_after_compile_bytes'])}"
+                + (
+                    " (the run did not raise it: an upper bound set while compiling)"
+                    if row["device_peak_bytes"] == row["device_peak_after_compile_bytes"]
+                    else ""
+                )
+            )
         lines.append("")
     return "\n".join(lines)
 

@@ -90,6 +90,7 @@ def fake_row(device_peak: int | None) -> dict:
 
 def test_rows_table_and_json_shape() -> None:
     cpu, gpu = fake_row(None), fake_row(8 * 2**20)
+    gpu |= {"device_in_use_before_run_bytes": 2**20, "device_peak_after_compile_bytes": 8 * 2**20}
     for row in (cpu, gpu):
         assert set(row) == set(gpu_check.ROW_KEYS) | {"direct_samples_s"}
         assert row["ratios"]["time_over_direct"] == pytest.approx(1.5)
@@ -106,6 +107,9 @@ def test_rows_table_and_json_shape() -> None:
     assert "unavailable" in text and "high-water mark unavailable: cpu: no statistics" in text
     assert "8.00 MiB" in text and "4.00 MiB" in text and "3.00 ms" in text
     assert "3.000 GFLOP" in text and "1.50 s" in text and "0.500" in text
+    # the GPU row says what was in use before the run, and that compiling set the mark
+    assert "in use before the run (parameters, inputs): 1.00 MiB" in text
+    assert "the run did not raise it" in text
 
     figs = gpu_check.figures({"check": "gpu_check"}, [cpu, gpu])
     back = json.loads(common.json_text(figs))
