@@ -67,6 +67,7 @@ ROW_KEYS = (
     "forward_time_s",
     "backward_time_s",
     "direct_time_s",
+    "direct_error",
     "intermediate_size",
     "direct_residual_bytes",
     "flops",
@@ -297,6 +298,8 @@ def format_table(device: str, rows: list[dict[str, Any]]) -> str:
         ]  # fmt: skip
         title = f"{row['stage']} (layers {row['start']}..{row['end']}): {row['status']}"
         lines.append(title + (f": {row['error']}" if row.get("error") else ""))
+        if row.get("direct_error"):
+            lines.append(f"  the direct step failed: {row['direct_error']}")
         widths = [max(len(str(c[i])) for c in [head, *table]) for i in range(4)]
         for cells in [head, *table]:
             lines.append(
@@ -323,7 +326,8 @@ def format_table(device: str, rows: list[dict[str, Any]]) -> str:
 
 def figures(meta: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The JSON object: the run's facts and one row per stage."""
-    return meta | {"stages": rows, "all_ok": all(r["status"] == "ok" for r in rows)}
+    ok = all(r["status"] == "ok" and not r.get("direct_error") for r in rows)
+    return meta | {"stages": rows, "all_ok": ok}
 
 
 # ----- main --------------------------------------------------------------------------------
@@ -392,13 +396,16 @@ def run_check(cfg: dict[str, int], small: bool) -> dict[str, Any]:
     rows = []
     for i, (name, start, end) in enumerate(checked):
         ours = measure_ours(spec, start, end, cluster, options)
-        direct = measure_direct(
-            direct_function(built, cfg, start, end),
-            compose_stage(spec, start, end),
-            start == 0,
-            options,
-            TIMING_BUDGET_S,
-        )
+        try:
+            direct = measure_direct(
+                direct_function(built, cfg, start, end),
+                compose_stage(spec, start, end),
+                start == 0,
+                options,
+                TIMING_BUDGET_S,
+            )
+        except Exception as err:  # an OOM of the reference must not end the other stages
+            direct = {"direct_error": f"{type(err).__name__}: {err}"[:2000]}
         probe = probes.get(i, {"device_peak_bytes": None, "device_peak_unavailable": reason})
         rows.append(stage_row(name, start, end, ours, direct, probe))
     meta = {

@@ -18,6 +18,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import common  # noqa: E402,F401  (puts the checkout on sys.path)
 
+PROBE_TIMEOUT_S = 1800
+
 PROBE_KEYS = (
     "device_peak_bytes",
     "device_peak_unavailable",
@@ -82,12 +84,19 @@ def probe_peak(spec: Any, start: int, end: int) -> dict[str, Any]:
 
 def probe_in_child(spec_path: Path, start: int, end: int) -> dict[str, Any]:
     """`probe_peak` in a fresh process of this script; its last stdout line."""
-    proc = subprocess.run(
-        [sys.executable, __file__, str(spec_path), str(start), str(end)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, str(spec_path), str(start), str(end)],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "device_peak_bytes": None,
+            "device_peak_unavailable": f"probe ran past {PROBE_TIMEOUT_S} s",
+        }
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
         return {"device_peak_bytes": None, "device_peak_unavailable": f"probe failed: {tail}"}

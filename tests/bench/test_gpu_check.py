@@ -117,6 +117,9 @@ def test_rows_table_and_json_shape() -> None:
     assert back["stages"][0]["device_peak_bytes"] is None
     failed = fake_row(None) | {"status": "oom"}
     assert gpu_check.figures({}, [cpu, failed])["all_ok"] is False
+    broken = fake_row(None) | {"direct_error": "XlaRuntimeError: RESOURCE_EXHAUSTED"}
+    assert gpu_check.figures({}, [broken])["all_ok"] is False
+    assert "the direct step failed: XlaRuntimeError" in gpu_check.format_table("d", [broken])
 
 
 def test_config_and_stages() -> None:
