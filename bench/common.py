@@ -17,14 +17,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,11 @@ def setup_logging(verbose: bool = False) -> None:
     )
 
 
-def console() -> Console:
-    """A console on stdout, wide enough that tables do not wrap in logs."""
+def console() -> "Console":
+    """A console on stdout, wide enough that tables do not wrap in logs (rich is imported
+    here: bench/gpu_check.py uses this module where rich may be missing)."""
+    from rich.console import Console
+
     out = Console(highlight=False)
     if not out.is_terminal:
         out.width = max(out.width, 140)
@@ -60,7 +64,12 @@ def console() -> Console:
 def emit_json(figures: dict[str, Any]) -> None:
     """Print the figures as one JSON object (nan and inf as null): the script's last line."""
     sys.stdout.flush()
-    print(json.dumps(_finite(figures), sort_keys=True, allow_nan=False), flush=True)
+    print(json_text(figures), flush=True)
+
+
+def json_text(figures: dict[str, Any]) -> str:
+    """The figures as one line of JSON (nan and inf as null)."""
+    return json.dumps(_finite(figures), sort_keys=True, allow_nan=False)
 
 
 def _finite(value: Any) -> Any:
@@ -108,8 +117,12 @@ def median(values: Iterable[float]) -> float:
     return float(statistics.median(data)) if data else math.nan
 
 
-def side_by_side(title: str, rows: Sequence[tuple[str, Any, Any]], names: tuple[str, str]) -> Table:
+def side_by_side(
+    title: str, rows: Sequence[tuple[str, Any, Any]], names: tuple[str, str]
+) -> "Table":
     """A table of figures: one row per figure, our value next to the baseline's."""
+    from rich.table import Table
+
     table = Table(title=title)
     table.add_column("figure")
     table.add_column(names[0], justify="right")

@@ -30,14 +30,15 @@ The last line printed is one JSON object with every figure.
 """
 
 import argparse
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import common  # bench/common.py (the script's directory is on sys.path)
+from direct_vjp import compile_timed, flops, memory, residuals, time_module, timed_build
+from direct_vjp import slot as _slot
 
 DEFAULTS = {"blocks": 4, "hidden": 256, "seq": 128, "batch": 8, "heads": 4, "vocab": 512}
 QUICK = {"blocks": 2, "hidden": 32, "seq": 16, "batch": 2, "heads": 2, "vocab": 64}
@@ -169,69 +170,7 @@ def make_loss(cfg: dict[str, int], remat: bool) -> Callable[[dict, dict], Any]:
     return loss
 
 
-# ----- measuring helpers ---------------------------------------------------------------------
-@contextlib.contextmanager
-def _slot(kind: str) -> Iterator[None]:
-    """The section `measure_stage_on` compiles or times in (`workers.measure.quiet`)."""
-    from workers.measure import quiet
-
-    with quiet.compile_slot() if kind == "compile" else quiet.timing_slot():
-        yield
-
-
-def compile_timed(fn: Callable, *args: Any) -> tuple[Any, float, float]:
-    """`jax.jit(fn).lower(*args).compile()`, its wall seconds (tracing and lowering
-    included, as ours) and this process's CPU seconds over it (less sensitive to other
-    processes on the machine). `fn` is wrapped in a fresh function each call so that no
-    round hits jax's caches of traced, lowered or compiled programs."""
-    import jax
-
-    def fresh(*a: Any) -> Any:
-        return fn(*a)
-
-    with _slot("compile"):
-        return timed_build(lambda: jax.jit(fresh).lower(*args).compile())
-
-
-def timed_build(build: Callable[[], Any]) -> tuple[Any, float, float]:
-    """`build()`, its wall seconds and this process's CPU seconds."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = build()
-    return out, time.perf_counter() - t0, time.process_time() - c0
-
-
-def time_module(run: Callable[[], Any], warmup: int, repeats: int, phase: str) -> list[float]:
-    """`workers.measure.timing.time_runs` as `measure_stage_on` calls it, with its clock (options
-    with max_repeats = repeats: a fixed number of runs)."""
-    import jax
-
-    from workers.measure.timing import Deadline, clock_for, time_runs
-
-    clock = clock_for(jax.devices())
-    with _slot("timing"):
-        samples, _ = time_runs(run, warmup, repeats, Deadline(math.inf), phase, clock=clock)
-    return samples
-
-
-def memory(compiled: Any) -> dict[str, int]:
-    """memory_analysis(): the raw figures, XLA's peak and args + outputs + temps - alias."""
-    stats = compiled.memory_analysis()
-    fig = {
-        k: int(getattr(stats, f"{k}_size_in_bytes", 0) or 0)
-        for k in ("argument", "output", "temp", "alias")
-    }
-    fig["xla_peak"] = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
-    fig["args_outs_temps"] = fig["argument"] + fig["output"] + fig["temp"] - fig["alias"]
-    return fig
-
-
-def flops(compiled: Any) -> float:
-    costs = compiled.cost_analysis() or {}
-    if isinstance(costs, list):
-        costs = costs[0] if costs else {}
-    return float(costs.get("flops", 0.0))
-
-
+# ----- measuring helpers (bench/direct_vjp.py) -------------------------------------------
 class VJPProgram:
     """`jax.vjp` of `loss(params, batch)` w.r.t. params carried between two jitted programs:
     forward returns the VJP's leaves, backward unflattens them and applies the cotangent.
@@ -251,11 +190,7 @@ class VJPProgram:
         def forward(p: Any, b: Any) -> list:
             _, vjp = jax.vjp(lambda q: loss(q, b), p)
             leaves, self.tree = jax.tree_util.tree_flatten(vjp)
-            param_ids = {id(x) for x in jax.tree_util.tree_leaves(p)}
-            kept = {id(x): x for x in leaves if id(x) not in param_ids}
-            self.stash_count = len(kept)
-            self.stash_bytes = sum(int(x.size) * x.dtype.itemsize for x in kept.values())
-            self.leaf_bytes = sum(int(x.size) * x.dtype.itemsize for x in leaves)
+            self.stash_count, self.stash_bytes, self.leaf_bytes = residuals(leaves, p)
             return leaves
 
         def backward(leaves: list, ct: Any) -> Any:
