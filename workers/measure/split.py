@@ -60,6 +60,7 @@ class LayerSplit:
     weight_reads: frozenset[int]
 
 
+_CACHE_SIZE = 256
 _cache: dict[tuple[str, int], LayerSplit] = {}
 
 
@@ -70,6 +71,8 @@ def split_layer_backward(backward: Exported, num_params: int) -> LayerSplit:
     hit = _cache.get(key)
     if hit is None:
         hit = _cache[key] = _split(backward, num_params)
+        if len(_cache) > _CACHE_SIZE:
+            del _cache[next(iter(_cache))]
     return hit
 
 
