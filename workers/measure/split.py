@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
@@ -27,6 +28,9 @@ from jaxlib.mlir.dialects import func as func_dialect
 from jaxlib.mlir.passmanager import PassManager
 
 Exported = jax.export.Exported
+# jaxlib's `func.FuncOp` and the MLIR values around it, typed loosely: their stubs lag the
+# bindings (`FuncOp.arguments`, iterating a `DictAttr`).
+FuncOp = Any
 
 _ELEMENT_DTYPES = {
     "f64": np.float64,
@@ -107,9 +111,10 @@ def _split(backward: Exported, num_params: int) -> LayerSplit:
     )
 
 
-def _main(module: ir.Module) -> func_dialect.FuncOp:
+def _main(module: ir.Module) -> FuncOp:
     for op in module.body.operations:
-        if op.operation.name == "func.func" and op.attributes["sym_name"].value == "main":
+        name: Any = op.attributes["sym_name"] if "sym_name" in op.attributes else None
+        if op.operation.name == "func.func" and name is not None and name.value == "main":
             return op
     raise ValueError("the exported backward has no main function")
 
@@ -131,13 +136,13 @@ def _nested_operands(op: ir.Operation) -> Iterator[ir.Value]:
 class _Partition:
     """Which operations of `main`'s body are B's, which are constant-like, what B hands W."""
 
-    def __init__(self, main: func_dialect.FuncOp, num_params: int):
+    def __init__(self, main: FuncOp, num_params: int):
         self.block = block = main.regions[0].blocks[0]
         ops = [op.operation for op in block.operations]
         self.body, self.ret = ops[:-1], ops[-1]
         self.index = {op: i for i, op in enumerate(self.body)}
         n_lead = sum(
-            1 for a in main.arguments if "jax.global_constant" in _arg_attrs(main, a.arg_number)
+            "jax.global_constant" in _arg_attrs(main, a.arg_number) for a in block.arguments
         )
         self.deps: list[set[int]] = []
         self.args: list[set[int]] = []
@@ -156,19 +161,19 @@ class _Partition:
         w_uses = [
             v for i, op in enumerate(self.body) if i not in self.in_b for v in _nested_operands(op)
         ]
+        # (operation index, result number) of each value B hands to W, in order of first use
+        self.handoff_ids: list[tuple[int, int]] = []
         self.handoff: list[ir.Value] = []
-        seen: set[tuple[int, int]] = set()
         for v in [*w_uses, *self.w_results]:
             owner = self._owner(v)
             if owner is None or owner not in self.in_b or self.const[owner]:
                 continue
             k = (owner, ir.OpResult(v).result_number)
-            if k not in seen:
-                seen.add(k)
+            if k not in self.handoff_ids:
+                self.handoff_ids.append(k)
                 self.handoff.append(v)
-        self.handoff_ids = [(self._owner(v), ir.OpResult(v).result_number) for v in self.handoff]
 
-    def _owner(self, v: ir.Value) -> int | None:
+    def _owner(self, v: Any) -> int | None:
         if isinstance(v, ir.BlockArgument):
             return None
         return self.index.get(v.owner.operation)
@@ -197,14 +202,14 @@ class _Partition:
         return seen
 
 
-def _arg_attrs(main: func_dialect.FuncOp, i: int) -> dict[str, ir.Attribute]:
+def _arg_attrs(main: FuncOp, i: int) -> dict[str, ir.Attribute]:
     if "arg_attrs" not in main.attributes:
         return {}
-    attrs = ir.DictAttr(ir.ArrayAttr(main.attributes["arg_attrs"])[i])
+    attrs: Any = ir.DictAttr(ir.ArrayAttr(main.attributes["arg_attrs"])[i])
     return {a.name: a.attr for a in attrs}
 
 
-def _set_signature(main: func_dialect.FuncOp, results: list[ir.Value]) -> None:
+def _set_signature(main: FuncOp, results: list[ir.Value]) -> None:
     block = main.regions[0].blocks[0]
     ret = list(block.operations)[-1]
     with ir.InsertionPoint.at_block_terminator(block):
@@ -217,12 +222,12 @@ def _set_signature(main: func_dialect.FuncOp, results: list[ir.Value]) -> None:
     if "res_attrs" in main.attributes:
         del main.attributes["res_attrs"]
     if "arg_attrs" in main.attributes:
-        old = list(ir.ArrayAttr(main.attributes["arg_attrs"]))
+        old: list[Any] = list(ir.ArrayAttr(main.attributes["arg_attrs"]))
         extra = [ir.DictAttr.get({})] * (len(inputs) - len(old))
         main.attributes["arg_attrs"] = ir.ArrayAttr.get(old + extra)
 
 
-def _cut_input_grad(main: func_dialect.FuncOp, part: _Partition) -> None:
+def _cut_input_grad(main: FuncOp, part: _Partition) -> None:
     """Keep B's operations; return the input cotangents then the handoff."""
     block = main.regions[0].blocks[0]
     body = [op.operation for op in block.operations][:-1]
@@ -234,7 +239,7 @@ def _cut_input_grad(main: func_dialect.FuncOp, part: _Partition) -> None:
             body[i].erase()
 
 
-def _cut_weight_grad(main: func_dialect.FuncOp, part: _Partition) -> set[int]:
+def _cut_weight_grad(main: FuncOp, part: _Partition) -> set[int]:
     """Keep W's and the constant-like operations, read the handoff from new arguments;
     returns the indices of `main`'s original arguments W still reads."""
     block = main.regions[0].blocks[0]
