@@ -95,8 +95,10 @@ class StageProfileResult(Frozen):
     weight_stash_size: int = Field(
         0,
         ge=0,
-        description="Bytes per device per micro-batch that B keeps for W until W runs "
-        "(zero-bubble schedules; 0 when the split was not measured).",
+        description="Bytes per device per micro-batch that B keeps for W until W runs: "
+        "B's values that W reads and the output cotangents W reads (the stash W also reads "
+        "is in intermediate_size, not here); zero-bubble schedules, 0 when the split was "
+        "not measured.",
     )
     max_n_succ_stages: int = Field(
         -1, ge=-1, le=MAX_SUCC_STAGES, description="Alpa's 1F1B memory rule; -1 = infeasible."

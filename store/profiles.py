@@ -180,13 +180,22 @@ def mark_pruned(session: Session, *, job_id: str, fingerprints: Iterable[str]) -
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-def record_result(session: Session, *, job_id: str, profile: StageProfileRow, reused: bool) -> int:
-    """Attach `profile` to every candidate of the job with its fingerprint; returns how many."""
+def record_result(
+    session: Session,
+    *,
+    job_id: str,
+    profile: StageProfileRow,
+    reused: bool,
+    fingerprint: str | None = None,
+) -> int:
+    """Attach `profile` to every candidate of the job with its fingerprint (or with
+    `fingerprint`: a stored superset of the measurement the candidates need, such as one with
+    the backward split reused by a job that does not need the split); returns how many."""
     result = session.execute(
         update(JobCandidateRow)
         .where(
             JobCandidateRow.job_id == job_id,
-            JobCandidateRow.fingerprint == profile.fingerprint,
+            JobCandidateRow.fingerprint == (fingerprint or profile.fingerprint),
             JobCandidateRow.profile_id.is_(None),
             JobCandidateRow.status.is_(None),
         )

@@ -188,6 +188,7 @@ def print_result(result: StageProfileResult, layer_names: list[str]) -> None:
         ("fingerprint", result.fingerprint),
         ("initial_var_size", human_bytes(result.initial_var_size)),
         ("intermediate_size", human_bytes(result.intermediate_size)),
+        ("weight_stash_size", human_bytes(result.weight_stash_size)),
         ("available_memory", human_bytes(result.available_memory)),
         ("max_n_succ_stages", succ_text(result.max_n_succ_stages)),
         ("flops (fwd+bwd)", f"{result.flops / 1e6:.3f} MFLOP"),

@@ -112,6 +112,23 @@ def test_candidates_record_results_by_fingerprint(session: Session) -> None:
     assert results[keys[1].as_tuple()].fingerprint == "same-block"
 
 
+def test_a_superset_profile_records_under_the_candidates_fingerprint(session: Session) -> None:
+    """A measurement with the backward split (its own fingerprint) reused by a job whose
+    candidates carry the fingerprint without the split."""
+    model, _ = put_model(session, spec=tiny_spec())
+    job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())
+    key = StageKey(start=0, end=0, submesh_id=0, config_id=0)
+    add_candidates(
+        session, job_id=job.id, model_id=model.id, candidates=[CandidateIn(key, "plain", 1, "data")]
+    )
+    twin = save_profile(session, result=profile("with-split", key=key))
+    assert record_result(session, job_id=job.id, profile=twin, reused=True) == 0
+    n = record_result(session, job_id=job.id, profile=twin, reused=True, fingerprint="plain")
+    assert n == 1
+    assert pending_fingerprints(session, job_id=job.id) == []
+    assert job_results(session, job_id=job.id)[key.as_tuple()].fingerprint == "with-split"
+
+
 def test_pruned_stages_count_as_done_without_a_profile(session: Session) -> None:
     model, _ = put_model(session, spec=tiny_spec())
     job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())

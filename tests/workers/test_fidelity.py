@@ -18,7 +18,7 @@ HIDDEN, FFN, BATCH, BLOCKS = 32, 64, 8, 2
 ONE_DEVICE = SubmeshShape(hosts=1, devices_per_host=1)
 DATA = ShardingConfig(logical_mesh=(1, 1), strategy="data")
 CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=1, device_kind="cpu")
-OPTIONS = PlanOptions(repeats=2, max_repeats=2, warmup=1, prune=False)
+OPTIONS = PlanOptions(repeats=2, max_repeats=2, warmup=1, prune=False, schedule="1f1b")
 
 
 def _block(p: dict, h: jax.Array) -> jax.Array:

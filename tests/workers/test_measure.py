@@ -25,7 +25,7 @@ from workers.measure import stage as measure_mod
 from workers.measure.stage import TIMING_BUDGET_S, measure_stage, measure_stage_on
 
 CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=8)
-FAST = PlanOptions(repeats=2, warmup=1)
+FAST = PlanOptions(repeats=2, warmup=1, schedule="1f1b")  # no B/W split: three modules
 MODULES = (ModuleKind.forward, ModuleKind.backward, ModuleKind.apply_grad)
 
 # (devices, logical mesh, strategy): every strategy on 1, 2, 4 and 8 devices

@@ -18,7 +18,8 @@ def test_json_prints_the_stage_profile_result(capsys: pytest.CaptureFixture[str]
     assert result.status == ProfileStatus.ok
     assert result.config.logical_mesh == (2, 2) and result.config.strategy == "megatron"
     assert result.submesh.num_devices == 4
-    assert len(result.module_profile_results) == 3
+    assert len(result.module_profile_results) == 5  # schedule auto: B and W measured too
+    assert result.weight_stash_size > 0
     assert all(len(m.compute_cost_samples_s) == 2 for m in result.module_profile_results)
     assert result.input_shardings["layer0/w1"] == "P(None, 'model')"
 
@@ -28,7 +29,8 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main([*argv, "--logical-mesh", "2x1", "--strategy", "fsdp", "--optimizer", "sgd"])
     out = capsys.readouterr().out
     assert rc == 0
-    for word in ("forward", "backward", "apply_grad", "max_n_succ_stages", "layer1/w1", "ok"):
+    words = ("forward", "backward", "apply_grad", "backward_input", "backward_weight")
+    for word in (*words, "weight_stash_size", "max_n_succ_stages", "layer1/w1", "ok"):
         assert word in out
 
 

@@ -336,12 +336,28 @@ class JobRunner:
         for c in candidates:
             keys_by_fp.setdefault(c.fingerprint, []).append(c.key)
 
+        def split_twin(fp: str) -> str:
+            """The fingerprint of `fp`'s measurement with the backward split as well."""
+            key = keys_by_fp[fp][0]
+            submesh, config = space.resolve(key)
+            return stage_fingerprint(
+                spec, key.start, key.end, submesh, config, device_kind, jax_version, options, True
+            )
+
         def reuse(s: Session) -> tuple[list[str], int, Any]:
             store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates)
             pending = store.pending_fingerprints(s, job_id=job_id)
             stored = store.reusable_profiles(s, fingerprints=pending)
             for row in stored.values():
                 store.record_result(s, job_id=job_id, profile=row, reused=True)
+            if self.config.reuse_stages and not options.measures_split_backward:
+                # a stored measurement with the split is a superset of the one needed
+                twins = {split_twin(fp): fp for fp in pending if fp not in stored}
+                for twin, row in store.reusable_profiles(s, fingerprints=twins).items():
+                    stored[twins[twin]] = row
+                    store.record_result(
+                        s, job_id=job_id, profile=row, reused=True, fingerprint=twins[twin]
+                    )
             store.refresh_progress(s, job_id=job_id)
             return (
                 [fp for fp in pending if fp not in stored],

@@ -12,6 +12,13 @@ from schemas import LayerSpec, ModelSpec, PlanOptions, ShardingConfig, SubmeshSh
 # with temporaries, adaptive timing. Results of another method are never reused for these.
 MEASUREMENT_METHOD = 2
 
+# The canonical document's key for a measurement that also split the backward into B and W
+# (`PlanOptions.measures_split_backward`). It is present only then, so a measurement without
+# the split keeps the fingerprint it always had (stored ones stay reusable), and the split
+# one, a superset, is its *split twin*: a job that does not need the split may reuse it
+# (`stage_fingerprint(..., split_backward=True)` names it), never the other way round.
+SPLIT_BACKWARD_KEY = "split_backward"
+
 # PlanOptions fields that change a measurement (the rest only steer planning or limits).
 MEASUREMENT_OPTIONS: tuple[str, ...] = (
     "optimizer",
@@ -78,9 +85,11 @@ def stage_fingerprint_doc(
     device_kind: str,
     jax_version: str,
     options: PlanOptions,
+    split_backward: bool | None = None,
 ) -> dict[str, Any]:
     """The canonical document hashed by `stage_fingerprint` (var names replaced by their
-    order of first appearance in the stage, so identical blocks anywhere hash the same)."""
+    order of first appearance in the stage, so identical blocks anywhere hash the same).
+    `split_backward` (default: `options.measures_split_backward`) adds `SPLIT_BACKWARD_KEY`."""
     canon: dict[str, str] = {}
 
     def name(n: str) -> str:
@@ -97,7 +106,9 @@ def stage_fingerprint_doc(
             }
         )
     inputs, outputs = stage_io(spec, start, end)
+    split = options.measures_split_backward if split_backward is None else split_backward
     return {
+        **({SPLIT_BACKWARD_KEY: True} if split else {}),
         "layers": layers,
         "inputs": [[name(v.name)] + _shape(v) for v in inputs],
         "outputs": [[name(v.name)] + _shape(v) for v in outputs],
@@ -123,11 +134,13 @@ def stage_fingerprint(
     device_kind: str,
     jax_version: str,
     options: PlanOptions,
+    split_backward: bool | None = None,
 ) -> str:
     """sha256 (hex) of the stage's canonical JSON: layer fingerprints and wiring, stage
-    input/output shapes, submesh, config, device kind, jax version, measurement options."""
+    input/output shapes, submesh, config, device kind, jax version, measurement options,
+    and whether the backward is split (`split_backward`, default from `options`)."""
     doc = stage_fingerprint_doc(
-        spec, start, end, submesh, config, device_kind, jax_version, options
+        spec, start, end, submesh, config, device_kind, jax_version, options, split_backward
     )
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -27,6 +27,7 @@ from schemas import (
     max_n_succ_stages,
 )
 from workers.measure.compose import compose_stage
+from workers.measure.compose_split import compose_split_backward
 from workers.measure.fingerprint import stage_fingerprint
 from workers.measure.hlo_stats import collective_bytes
 from workers.measure.memory import estimate_initial_bytes
@@ -71,6 +72,7 @@ class _Measured:
     samples: dict[str, list[float]] = field(default_factory=dict)
     initial_var_size: int = 0
     intermediate_size: int = 0
+    weight_stash_size: int = 0
     input_shardings: dict[str, str] = field(default_factory=dict)
 
 
@@ -122,12 +124,19 @@ def _module_result(
 def _compile(
     modules: StageModules, measured: _Measured, deadline: Deadline, available: int
 ) -> None:
-    """Compile the three modules, then predict OOM from their memory analysis."""
-    for kind, build in (
+    """Compile the modules (B and W too when the backward is split), then predict OOM
+    from their memory analysis."""
+    builds = [
         ("forward", modules.compile_forward),
         ("backward", modules.compile_backward),
         ("apply_grad", modules.compile_apply_grad),
-    ):
+    ]
+    if modules.split is not None:
+        builds += [
+            ("backward_input", modules.compile_input_grad),
+            ("backward_weight", modules.compile_weight_grad),
+        ]
+    for kind, build in builds:
         with (
             _failing_as(ProfileStatus.compile_error, f"compiling {kind}"),
             compile_slot(deadline.limit_s),
@@ -138,6 +147,8 @@ def _compile(
     n_args = len(apply.outvar_names)  # parameters + optimizer state
     measured.initial_var_size = sum(apply.outvar_sizes[:n_args])
     measured.intermediate_size = sum(modules.stash_sizes)
+    if modules.split is not None:
+        measured.weight_stash_size = sum(modules.handoff_sizes)
     peak = max(measured.modules[k].memory.peak for k in ("forward", "backward"))
     if peak + measured.initial_var_size > available:
         raise CandidateFailure(
@@ -165,7 +176,8 @@ def _run_forward_backward(
     deadline: Deadline,
     params: list[jax.Array],
 ) -> list[jax.Array]:
-    """Time forward then backward (on the last forward's VJP); returns parameter grads."""
+    """Time forward then backward (on the last forward's VJP), then B and W when split;
+    returns parameter grads."""
     with _failing_as(ProfileStatus.runtime_error, "allocating inputs"):
         inputs = [random_array(s, 1000 + i) for i, s in enumerate(modules.input_structs)]
     fwd = measured.modules["forward"].compiled
@@ -179,6 +191,17 @@ def _run_forward_backward(
         measured.samples["backward"], (grads, _) = _timed(
             lambda: bwd(params, stash, cot), options, deadline, "backward"
         )
+    if modules.split is not None:
+        b = measured.modules["backward_input"].compiled
+        w = measured.modules["backward_weight"].compiled
+        with _failing_as(ProfileStatus.runtime_error, "running backward_input"):
+            measured.samples["backward_input"], (_, handoff) = _timed(
+                lambda: b(params, stash, cot), options, deadline, "backward_input"
+            )
+        with _failing_as(ProfileStatus.runtime_error, "running backward_weight"):
+            measured.samples["backward_weight"], _ = _timed(
+                lambda: w(params, stash, handoff), options, deadline, "backward_weight"
+            )
     return grads
 
 
@@ -207,9 +230,9 @@ def _timed(
 def _run(
     modules: StageModules, measured: _Measured, options: PlanOptions, deadline: Deadline
 ) -> None:
-    """Allocate the stage's arrays and time forward, backward and apply_grad, while no
-    other process on the machine compiles or times (`workers.measure.quiet`: one section for all
-    three, so the other actors' compiles wait once, not between modules)."""
+    """Allocate the stage's arrays and time forward, backward (B and W), apply_grad, while
+    no other process on the machine compiles or times (`workers.measure.quiet`: one section for
+    all modules, so the other actors' compiles wait once, not between modules)."""
     with timing_slot(deadline.limit_s):
         _run_quietly(modules, measured, options, deadline)
 
@@ -334,7 +357,11 @@ def _measure(
             f"more than the {available} B available; not compiled",
             estimate_bytes=estimate,
         )
-    modules = StageModules(program, shardings, options.optimizer)
+    split = None
+    if options.measures_split_backward:
+        with _failing_as(ProfileStatus.compile_error, "splitting the backward"):
+            split = compose_split_backward(spec, start, end, program)
+    modules = StageModules(program, shardings, options.optimizer, split)
     _compile(modules, measured, deadline, available)
     _run(modules, measured, options, deadline)
 
@@ -367,6 +394,7 @@ def _result(
         module_profile_results=modules,
         initial_var_size=measured.initial_var_size,
         intermediate_size=measured.intermediate_size,
+        weight_stash_size=measured.weight_stash_size,
         max_n_succ_stages=n_succ,
         input_shardings=measured.input_shardings,
         flops=sum(m.flops for m in modules if m.module.value in ("forward", "backward")),

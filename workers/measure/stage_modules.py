@@ -1,9 +1,11 @@
-"""The three modules of a stage (forward, backward, apply_grad): build, shard and compile.
+"""The modules of a stage (forward, backward, apply_grad, and for zero-bubble schedules the
+backward's B and W parts): build, shard and compile.
 
 forward = the stage's layers' forwards, returning the stage outputs and the stash (the
 residuals and the vars the backwards read); backward = the layers' backwards in reverse,
 from the parameters, the stash and the output cotangents (see `workers.measure.compose`); nothing is
-recomputed. apply_grad = the optax update of the parameters.
+recomputed. apply_grad = the optax update of the parameters. backward_input (B) and
+backward_weight (W) = the backward split by dependency (see `workers.measure.compose_split`).
 Only floating outputs and floating inputs that come from earlier layers are differentiated;
 integer ones (token ids, labels) and the model's batch inputs ride along untouched.
 """
@@ -21,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax.tree_util import SequenceKey
 
 from schemas import ModuleKind, ParamSpec, VarSpec
+from workers.measure.compose_split import SplitBackward
 from workers.measure.memory import ModuleMemory, module_memory, per_device_bytes
 from workers.measure.sharding import StageShardings
 
@@ -90,8 +93,15 @@ def _with_shardings(avals: Any, shardings: Any) -> Any:
 class StageModules:
     """Builds and compiles the modules of one stage program under one set of shardings."""
 
-    def __init__(self, program: StageProgramLike, shardings: StageShardings, optimizer: str):
+    def __init__(
+        self,
+        program: StageProgramLike,
+        shardings: StageShardings,
+        optimizer: str,
+        split: SplitBackward | None = None,
+    ):
         self.program = program
+        self.split = split
         self.shardings = shardings
         self.optimizer = OPTIMIZERS[optimizer]()
         self.grad_in = list(program.grad_inputs)
@@ -104,6 +114,7 @@ class StageModules:
             _sds(v.shape, v.dtype, s) for v, s in zip(program.inputs, shardings.inputs, strict=True)
         ]
         self.forward_out: Any = None  # (float outputs, stash, other outputs), sharded
+        self.handoff: Any = None  # B's handoff to W, sharded (after compile_input_grad)
 
     # ----- the functions that get jitted -------------------------------------------------
     def _forward(self, params: list, inputs: list) -> tuple[tuple, tuple, tuple]:
@@ -208,6 +219,76 @@ class StageModules:
             outvar_names=tuple(grad_params + grad_inputs),
             invar_sizes=_sizes(in_structs),
             outvar_sizes=_sizes(grad_structs),
+            donated_invars=(False,) * len(in_structs),
+            acc_grad_outvars_indices=tuple(range(len(grad_params))),
+        )
+
+    def _backward_in_names(self) -> list[str]:
+        names = [p.name for p in self.program.params]
+        names += [f"stash:{v.name}" for v in self.program.stash]
+        return names + [f"grad:{self.program.outputs[i].name}" for i in self.diff_out]
+
+    def compile_input_grad(self) -> CompiledModule:
+        """Lower and compile B: the input cotangents and the handoff to W (needs
+        `compile_forward` and a split)."""
+        if self.forward_out is None or self.split is None:
+            raise RuntimeError("compile_input_grad needs compile_forward and a split backward")
+        stash = list(self.forward_out[1])
+        g = self.cotangent_structs()
+        xg_sh = [self.shardings.inputs[i] for i in self.grad_in]
+        t0 = time.perf_counter()
+        # input cotangents laid out as backward's; the handoff as the compiler propagates it
+        lowered = jax.jit(self.split.input_grad, out_shardings=(xg_sh, None)).lower(
+            self.param_structs, tuple(stash), g
+        )
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - t0
+        outs = _with_shardings(lowered.out_info, compiled.output_shardings)
+        self.handoff = tuple(outs[1])
+        in_structs = self.param_structs + stash + list(g)
+        grad_inputs = [f"grad:{self.program.inputs[i].name}" for i in self.grad_in]
+        return CompiledModule(
+            kind=ModuleKind.backward_input,
+            compiled=compiled,
+            compile_seconds=seconds,
+            invar_names=tuple(self._backward_in_names()),
+            outvar_names=tuple(grad_inputs + [f"handoff:{n}" for n in self.split.handoff_names]),
+            invar_sizes=_sizes(in_structs),
+            outvar_sizes=_sizes(list(outs[0]) + list(outs[1])),
+            donated_invars=(False,) * len(in_structs),
+        )
+
+    @property
+    def handoff_sizes(self) -> tuple[int, ...]:
+        """Per-device bytes of each value B hands to W (after `compile_input_grad`)."""
+        return _sizes(list(self.handoff))
+
+    def compile_weight_grad(self) -> CompiledModule:
+        """Lower and compile W: the parameter gradients from the parameters, the stash and
+        B's handoff (needs `compile_input_grad`)."""
+        if self.handoff is None or self.split is None:
+            raise RuntimeError("compile_input_grad must run before compile_weight_grad")
+        stash = list(self.forward_out[1])
+        t0 = time.perf_counter()
+        compiled = (
+            jax.jit(self.split.weight_grad, out_shardings=self.shardings.params)
+            .lower(self.param_structs, tuple(stash), self.handoff)
+            .compile()
+        )
+        seconds = time.perf_counter() - t0
+        in_names = [p.name for p in self.program.params]
+        in_names += [f"stash:{v.name}" for v in self.program.stash]
+        in_names += [f"handoff:{n}" for n in self.split.handoff_names]
+        in_structs = self.param_structs + stash + list(self.handoff)
+        grad_params = [f"grad:{p.name}" for p in self.program.params]
+        return CompiledModule(
+            kind=ModuleKind.backward_weight,
+            compiled=compiled,
+            compile_seconds=seconds,
+            invar_names=tuple(in_names),
+            outvar_names=tuple(grad_params),
+            invar_sizes=_sizes(in_structs),
+            outvar_sizes=_sizes(self.param_structs),
             donated_invars=(False,) * len(in_structs),
             acc_grad_outvars_indices=tuple(range(len(grad_params))),
         )
