@@ -13,14 +13,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from jax.tree_util import SequenceKey
 
-from schemas import ModuleKind, ParamSpec, VarSpec
+from schemas import ModuleKind
+from workers.measure.compose import StageProgram
 from workers.measure.memory import ModuleMemory, module_memory, per_device_bytes
 from workers.measure.sharding import StageShardings
 
@@ -32,19 +33,6 @@ OPTIMIZERS: dict[str, Callable[[], optax.GradientTransformation]] = {
     "sgd": lambda: optax.sgd(LEARNING_RATE),
     "adam": lambda: optax.adam(LEARNING_RATE),
 }
-
-
-class StageProgramLike(Protocol):
-    """What `workers.measure.compose.compose_stage` returns (`StageProgram`)."""
-
-    params: list[ParamSpec]
-    inputs: list[VarSpec]
-    outputs: list[VarSpec]
-    stash: list[VarSpec]
-    diff_outputs: list[int]
-    grad_inputs: list[int]
-    forward: Callable[[Sequence[Any], Sequence[Any]], tuple[tuple, tuple]]
-    backward: Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list, list]]
 
 
 @dataclass(frozen=True)
@@ -90,7 +78,7 @@ def _with_shardings(avals: Any, shardings: Any) -> Any:
 class StageModules:
     """Builds and compiles the modules of one stage program under one set of shardings."""
 
-    def __init__(self, program: StageProgramLike, shardings: StageShardings, optimizer: str):
+    def __init__(self, program: StageProgram, shardings: StageShardings, optimizer: str):
         self.program = program
         self.shardings = shardings
         self.optimizer = OPTIMIZERS[optimizer]()
