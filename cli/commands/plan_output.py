@@ -81,21 +81,24 @@ def plain_progress(
     stream: IO[str], interval_s: float = 10.0
 ) -> Iterator[Callable[[Any, Any], None]]:
     """Plain progress lines for logs and CI: one line now, one whenever the phase changes,
-    and one at least every `interval_s` seconds while nothing else is printed."""
+    one at least every `interval_s` seconds while nothing else is printed, and one at the end
+    when the counts changed since the last line."""
     started = time.monotonic()
-    state: dict[str, Any] = {"job": None, "phase": None}
+    state: dict[str, Any] = {"job": None, "phase": None, "unprinted": False}
     lock = threading.Lock()
     stop = threading.Event()
 
     def emit() -> None:
         with lock:
+            state["unprinted"] = False
             stream.write(progress_line(state["job"], time.monotonic() - started) + "\n")
             stream.flush()
 
     def update(job: Any, _stats: Any) -> None:
         phase = getattr(job, "status", None)
-        changed = phase != state["phase"]
-        state["job"], state["phase"] = job, phase
+        with lock:
+            changed = phase != state["phase"]
+            state["job"], state["phase"], state["unprinted"] = job, phase, True
         if changed:
             emit()
 
@@ -111,7 +114,8 @@ def plain_progress(
     finally:
         stop.set()
         thread.join()
-        emit()
+        if state["unprinted"]:
+            emit()
 
 
 @contextmanager
@@ -256,13 +260,23 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
             compare.add_row(base.name, _ms(base.iteration_time_s), f"{ratio:.2f}x", "")
     console.print(compare)
     print_stability(console, plan)
-    console.print(
+    for line in summary_lines(plan, stats):
+        console.print(line, highlight=False)
+
+
+def summary_lines(plan: Plan, stats: dict[str, Any]) -> tuple[str, str]:
+    """What the plan cost: the stage counts, then the planning and total times (two short
+    lines, so that no number is cut at the end of a 120-column line)."""
+    counts = (
         f"{stats['candidates']} candidates, {stats['distinct_stages']} distinct stages: "
         f"{stats['measured']} measured, {stats['reused']} reused, "
-        f"{stats['pruned']} pruned, {stats['failed']} failed; "
+        f"{stats['pruned']} pruned, {stats['failed']} failed"
+    )
+    times = (
         f"DP {plan.dp_wall_seconds * 1e3:.1f} ms (runner-up "
         f"{plan.runner_up_wall_seconds * 1e3:.1f} ms); total {stats['wall_seconds']:.1f} s"
     )
+    return counts, times
 
 
 def print_stability(console: Console, plan: Plan) -> None:
