@@ -20,23 +20,24 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageKey, StageProfileResult
+from schemas.settings import env_forwarded, env_name
 from workers.cluster.placement import GroupShape, Layout
 
 logger = logging.getLogger(__name__)
 
 # Measurement settings of this process that its actors follow (workers.measure.quiet, timing).
-FORWARDED_ENV = ("STAGEPROF_QUIET_TIMING", "STAGEPROF_LOCK_DIR", "STAGEPROF_TIMING_CLOCK")
+FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock")
 JOIN_TIMEOUT_S = 120
 
 
 def worker_env(devices: int, use_gpus: bool, rank: int = 0) -> dict[str, str]:
     """Environment of an actor process: N virtual CPU devices unless it has GPUs, and this
-    process's measurement settings (`FORWARDED_ENV`). Only rank 0 of a group takes the
+    process's measurement settings (`FORWARDED_SETTINGS`). Only rank 0 of a group takes the
     machine's quiet-timing lock: ranks of one group that share a machine would otherwise
     wait for each other inside a collective."""
-    forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    forwarded = env_forwarded(FORWARDED_SETTINGS)
     if rank > 0:
-        forwarded["STAGEPROF_QUIET_TIMING"] = "0"
+        forwarded[env_name("quiet_timing")] = "0"
     if use_gpus:
         return forwarded
     flags = os.environ.get("XLA_FLAGS", "")

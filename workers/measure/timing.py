@@ -1,6 +1,5 @@
 """Timing compiled modules, the per-candidate deadline, and the arrays they run on."""
 
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -10,9 +9,10 @@ import jax
 import numpy as np
 
 from schemas import FLOAT_DTYPES
+from schemas.settings import env_name, env_settings
 from workers.measure.group_sync import all_processes, any_process
 
-ENV_CLOCK = "STAGEPROF_TIMING_CLOCK"  # wall (default) or cpu
+ENV_CLOCK = env_name("timing_clock")  # wall (default) or cpu
 
 
 class CandidateTimeout(Exception):
@@ -112,8 +112,8 @@ def clock_for(devices: Sequence[Any]) -> Callable[[], float]:
     its wall time and the planner would rank submeshes by work instead of by time; wall time
     is what a step takes, and the quiet sections (`workers.measure.quiet`) keep our own actors'
     compiles out of it. A GPU's work is never CPU time: wall time there, whatever is set."""
-    choice = os.environ.get(ENV_CLOCK, "wall").strip().lower()
-    if choice == "cpu" and devices and all(getattr(d, "platform", "") == "cpu" for d in devices):
+    all_cpu = bool(devices) and all(getattr(d, "platform", "") == "cpu" for d in devices)
+    if env_settings().timing_clock == "cpu" and all_cpu:
         return time.process_time
     return time.perf_counter
 
