@@ -6,6 +6,7 @@ read where it is used so that the API and every runner apply the value of their 
 
 from collections.abc import Mapping
 
+from schemas.settings import DEFAULT_MAX_CANDIDATES as DEFAULT_MAX_CANDIDATES
 from schemas.settings import env_name, env_settings
 
 MAX_CANDIDATES_ENV = env_name("max_candidates")

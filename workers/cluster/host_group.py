@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray import ObjectRef
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -110,14 +111,14 @@ class MeasuringGroup:
 
     shape: GroupShape
     pg: PlacementGroup
-    actors: list[Any] = field(default_factory=list)
+    actors: list[Any] = field(default_factory=list)  # Ray actor handles of HostWorker
     infos: list[dict[str, Any]] = field(default_factory=list)  # each rank's `join` answer
     task: Any = None
-    refs: list[Any] = field(default_factory=list)
+    refs: list[ObjectRef] = field(default_factory=list)
     started: float = 0.0
     first_done: float | None = None  # when the first rank answered (others still running)
 
-    def spawn(self, layout: Layout) -> Any:
+    def spawn(self, layout: Layout) -> ObjectRef | None:
         """Start one actor per bundle; returns the ref of rank 0's coordinator address
         (None for a group of one)."""
         cls = ray.remote(HostWorker)
@@ -136,7 +137,7 @@ class MeasuringGroup:
         self.infos = []
         return self.actors[0].coordinator_address.remote() if size > 1 else None
 
-    def join(self, coordinator: str | None) -> list[Any]:
+    def join(self, coordinator: str | None) -> list[ObjectRef]:
         """Ask every rank to join the group; returns the refs of their answers."""
         return [a.join.remote(coordinator) for a in self.actors]
 
