@@ -8,7 +8,7 @@ import argparse
 import sys
 import time
 import typing
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cli.commands.measure_args import (
     add_device_memory_argument,
@@ -26,6 +26,9 @@ from cli.commands.zoo_args import (
 )
 from schemas import ClusterSpec, ModelSpec, PlanOptions
 from schemas.plan import SubmeshSpace
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 GIB = 2**30
 
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 def queue_embedded_job(
     url: str | None, spec: ModelSpec, cluster: ClusterSpec, options: PlanOptions
-) -> tuple[Any, str]:
+) -> tuple["sessionmaker[Session]", str]:
     """The store at `url` (default STAGEPROF_DATABASE_URL or ./stageprof.db; SQLite is
     migrated here) and a job for `spec` queued in it: (its sessionmaker, the job id)."""
     from migrations import upgrade

@@ -10,7 +10,7 @@ import argparse
 import os
 import re
 import sys
-from typing import Any
+from collections.abc import MutableMapping
 
 from cli.commands.measure_args import (
     add_device_memory_argument,
@@ -73,7 +73,7 @@ def parse_pair(text: str, what: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def ensure_cpu_devices(n: int, environ: Any = os.environ) -> None:
+def ensure_cpu_devices(n: int, environ: MutableMapping[str, str] = os.environ) -> None:
     """Ask XLA for `n` virtual CPU devices unless XLA_FLAGS already sets a count. Only has
     an effect before jax is imported; it changes nothing on GPUs."""
     flags = environ.get("XLA_FLAGS", "")

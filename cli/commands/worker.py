@@ -5,7 +5,7 @@ import logging
 import os
 import signal
 import threading
-from typing import Any
+from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         _shutdown_ray(ray)
 
 
-def _shutdown_ray(ray: Any) -> None:
+def _shutdown_ray(ray: ModuleType) -> None:
     """Stop Ray, within `RAY_SHUTDOWN_BUDGET_S`: past it the process exits anyway and its
     Ray watchdog (`workers.cluster.ray_watchdog`) stops what is left, so SIGTERM takes effect
     within seconds even on a loaded machine."""
