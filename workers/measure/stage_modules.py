@@ -19,6 +19,7 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from jax.tree_util import SequenceKey
+from jax.typing import DTypeLike
 
 from schemas import ModuleKind
 from workers.measure.compose import StageProgram
@@ -56,11 +57,11 @@ class CompiledModule:
         return module_memory(self.compiled)
 
 
-def _sds(shape: Sequence[int], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+def _sds(shape: Sequence[int], dtype: DTypeLike, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
 
 
-def _sizes(structs: Sequence[Any]) -> tuple[int, ...]:
+def _sizes(structs: Sequence[jax.ShapeDtypeStruct | jax.Array]) -> tuple[int, ...]:
     return tuple(per_device_bytes(s.shape, s.dtype, s.sharding) for s in structs)
 
 

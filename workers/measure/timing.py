@@ -47,7 +47,7 @@ class Deadline:
             raise CandidateTimeout(phase, elapsed, self.limit_s)
 
 
-def random_array(struct: Any, seed: int) -> jax.Array:
+def random_array(struct: jax.ShapeDtypeStruct, seed: int) -> jax.Array:
     """A device array for `struct` (ShapeDtypeStruct with sharding): small normal values for
     floating types, zeros for integer and bool ones (valid token ids and labels)."""
     dtype = np.dtype(struct.dtype)
@@ -103,7 +103,7 @@ def time_runs(
     return samples, out
 
 
-def clock_for(devices: Sequence[Any]) -> Callable[[], float]:
+def clock_for(devices: Sequence[jax.Device]) -> Callable[[], float]:
     """The clock to time programs on `devices`: wall time (`perf_counter`), unless
     `$STAGEPROF_TIMING_CLOCK=cpu` asks for this process's CPU time on all-CPU devices.
 
