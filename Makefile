@@ -31,7 +31,8 @@ test: install chromium
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy schemas programs store planner server migrations
+	$(BIN)/mypy schemas programs store planner workers server client cli migrations
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff format .

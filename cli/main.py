@@ -1,4 +1,5 @@
-"""The `stageprof` command line: one thin module per subcommand under `cli/commands/`."""
+"""The `stageprof` command line: one thin module per subcommand under `cli/commands/`; the
+gate's is `cli/gate/command.py`, beside its rules (cli/gate uses cli/commands, not back)."""
 
 import argparse
 import importlib
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 # Each module defines `register(subparsers)`; it sets `func(args) -> int` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "cli.commands.db",
-    "cli.commands.gate",
+    "cli.gate.command",
     "cli.commands.plan",
     "cli.commands.profile",
     "cli.commands.serve",

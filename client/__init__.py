@@ -1,4 +1,5 @@
-"""What a user imports: trace a JAX loss into a `ModelSpec`, the model zoo, the HTTP SDK, the CLI.
+"""What a user imports: trace a JAX or Flax loss into a `ModelSpec`, export its layers, the model
+zoo, the HTTP SDK (`client.sdk`). The command line is the `cli` package.
 
 Heavy parts (jax) are imported lazily so `import client` stays light.
 """

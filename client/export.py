@@ -39,7 +39,7 @@ def slice_jaxpr(
     outvars: Sequence[core.Var],
 ) -> core.ClosedJaxpr:
     """A closed jaxpr of `eqns` taking `invars` and returning `outvars`."""
-    effects: set[object] = set()
+    effects: set[core.Effect] = set()
     for eqn in eqns:
         effects |= set(eqn.effects)
     debug = core.DebugInfo(

@@ -58,7 +58,7 @@ def _nnx_scopes(base: type, iter_modules: Callable[[Any], Iterator]) -> Iterator
         for cls in classes:
             call = cls.__dict__.get("__call__")
             if callable(call) and not getattr(call, _MARK, False):
-                cls.__call__ = _scoped(call, iter_modules)
+                cls.__call__ = _scoped(call, iter_modules)  # type: ignore[method-assign]
                 patched.append((cls, call))
         yield
     finally:

@@ -2,13 +2,15 @@
 
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 from jax.extend import core
 
 from client.scopes import Level, level_segments, scope_paths
+
+# What an equation reads: a variable or a literal.
+Atom = core.Var | core.Literal
 
 _INVALID = re.compile(r"[^A-Za-z0-9_.:/\-\[\]]")
 
@@ -30,7 +32,7 @@ def clean_name(name: str, fallback: str) -> str:
     return name
 
 
-def top_scope(eqn: Any) -> str | None:
+def top_scope(eqn: core.JaxprEqn) -> str | None:
     """The outermost `jax.named_scope` name of an equation, or None when it has none."""
     for item in eqn.source_info.name_stack.stack:
         name = getattr(item, "name", None)
@@ -39,7 +41,7 @@ def top_scope(eqn: Any) -> str | None:
     return None
 
 
-def scope_segments(eqns: Sequence[Any]) -> list[tuple[str, int, int]]:
+def scope_segments(eqns: Sequence[core.JaxprEqn]) -> list[tuple[str, int, int]]:
     """Cut equations into contiguous `(name, lo, hi)` runs of equal top-level scope.
 
     Unscoped equations join the run before them (or the first run when they lead). A scope
@@ -49,7 +51,7 @@ def scope_segments(eqns: Sequence[Any]) -> list[tuple[str, int, int]]:
     return level_segments(scope_paths(eqns), Level(1))
 
 
-def _has_scopes(jaxpr: Any) -> bool:
+def _has_scopes(jaxpr: core.Jaxpr) -> bool:
     for eqn in jaxpr.eqns:
         if top_scope(eqn) is not None:
             return True
@@ -62,13 +64,15 @@ def _has_scopes(jaxpr: Any) -> bool:
 _CALLS = ("jit", "pjit")
 
 
-def inline_scoped_calls(eqns: Sequence[Any], outvars: Sequence[Any]) -> tuple[list, list]:
+def inline_scoped_calls(
+    eqns: Sequence[core.JaxprEqn], outvars: Sequence[Atom]
+) -> tuple[list[core.JaxprEqn], list[Atom]]:
     """Inline unscoped `jit` calls whose bodies hold layer scopes (a jitted loss function),
     so their layers can be cut; other calls stay whole. Returns (eqns, outvars)."""
-    subst: dict[Any, Any] = {}
-    out: list[Any] = []
+    subst: dict[core.Var, Atom] = {}
+    out: list[core.JaxprEqn] = []
 
-    def sub(env: dict[Any, Any], atom: Any) -> Any:
+    def sub(env: Mapping[core.Var, Atom], atom: Atom) -> Atom:
         return env.get(atom, atom) if isinstance(atom, core.Var) else atom
 
     for eqn in eqns:

@@ -11,7 +11,6 @@ reached, `ApiError` subclasses (with the status code and the server's `detail`) 
 answers, `JobTimeout` when a `wait_for_job` timeout given by the caller runs out.
 """
 
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -30,8 +29,9 @@ from schemas import (
     StageProfileResult,
     ZooRef,
 )
+from schemas.settings import env_name, env_settings
 
-TOKEN_ENV = "STAGEPROF_API_TOKEN"
+TOKEN_ENV = env_name("api_token")
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -154,7 +154,7 @@ class StageprofClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url
-        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        token = token if token is not None else env_settings().api_token or None
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"

@@ -205,7 +205,10 @@ def _build_layer(
     programs: dict[str, LayerPrograms],
 ) -> LayerSpec:
     """One `LayerSpec` from a slice of equations; names its outputs and exports its program."""
-    param_vars, const_vars, input_vars, output_vars = [], [], [], []
+    param_vars: list[Any] = []
+    const_vars: list[Any] = []
+    input_vars: list[Any] = []
+    output_vars: list[Any] = []
     seen: set[Any] = set()
     for eqn in eqns:
         for v in eqn.invars:

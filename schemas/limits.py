@@ -1,14 +1,15 @@
 """Limits a plan request must meet, shared by the API (refused at the door) and the workers.
 
-The cap on stage candidates is a setting (`STAGEPROF_MAX_CANDIDATES`), read where it is
-used so that the API and every runner apply the value of their own environment.
+The cap on stage candidates is a setting (`STAGEPROF_MAX_CANDIDATES`, `schemas.settings`),
+read where it is used so that the API and every runner apply the value of their own environment.
 """
 
-import os
 from collections.abc import Mapping
 
-MAX_CANDIDATES_ENV = "STAGEPROF_MAX_CANDIDATES"
-DEFAULT_MAX_CANDIDATES = 20_000
+from schemas.settings import DEFAULT_MAX_CANDIDATES as DEFAULT_MAX_CANDIDATES
+from schemas.settings import env_name, env_settings
+
+MAX_CANDIDATES_ENV = env_name("max_candidates")
 
 MIB = 2**20
 TIB = 2**40
@@ -25,14 +26,4 @@ def max_candidates(environ: Mapping[str, str] | None = None) -> int:
 
     Raises ValueError naming the variable when it is set to anything but a positive integer.
     """
-    env = os.environ if environ is None else environ
-    text = env.get(MAX_CANDIDATES_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_CANDIDATES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{MAX_CANDIDATES_ENV} must be a positive integer, got {text!r}")
-    return value
+    return env_settings(environ).max_candidates

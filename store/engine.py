@@ -1,6 +1,5 @@
 """Engines and sessions for Postgres or SQLite, chosen by URL."""
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -8,7 +7,9 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-DATABASE_URL_ENV = "STAGEPROF_DATABASE_URL"
+from schemas.settings import env_name, env_settings
+
+DATABASE_URL_ENV = env_name("database_url")
 DEFAULT_DATABASE_URL = "sqlite:///stageprof.db"
 SQLITE_BUSY_TIMEOUT_S = 60
 
@@ -18,7 +19,7 @@ def database_url() -> str:
 
     A bare `postgresql://` URL is given the psycopg 3 driver.
     """
-    return normalize_url(os.environ.get(DATABASE_URL_ENV, "").strip() or DEFAULT_DATABASE_URL)
+    return normalize_url(env_settings().database_url or DEFAULT_DATABASE_URL)
 
 
 def normalize_url(url: str) -> str:

@@ -7,9 +7,16 @@ Embedded by default (a SQLite file, a local Ray, JAX on virtual CPU devices); wi
 import argparse
 import sys
 import time
-from typing import Any
+import typing
+from typing import TYPE_CHECKING
 
-from cli.commands.measure_args import add_measurement_arguments, measurement_options
+from cli.commands.measure_args import (
+    add_device_memory_argument,
+    add_measurement_arguments,
+    field_argument,
+    field_default,
+    measurement_options,
+)
 from cli.commands.worker import add_runner_arguments, runner_config
 from cli.commands.zoo_args import (
     add_model_arguments,
@@ -18,6 +25,10 @@ from cli.commands.zoo_args import (
     parse_overrides,
 )
 from schemas import ClusterSpec, ModelSpec, PlanOptions
+from schemas.plan import SubmeshSpace
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 GIB = 2**30
 
@@ -25,31 +36,23 @@ GIB = 2**30
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser("plan", help="profile a model's stage candidates and plan it")
     add_model_arguments(parser, default_zoo="gpt")
-    parser.add_argument("--hosts", type=int, default=1, help="hosts in the cluster")
-    parser.add_argument("--devices-per-host", type=int, default=4, help="devices per host")
-    parser.add_argument("--device-kind", default="cpu", help="device kind of the cluster")
-    parser.add_argument(
-        "--device-memory-gib", type=float, default=16.0, help="memory of one device, GiB"
-    )
-    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches (B)")
-    parser.add_argument("--global-batch", type=int, help="global batch (checked against B)")
-    parser.add_argument(
-        "--submesh-space",
-        default="power_of_two",
-        choices=["power_of_two", "small_power_of_two", "all"],
-    )
-    parser.add_argument(
-        "--config-space",
-        default="all",
-        choices=["all", "single_node_model_parallel", "data_parallel_only"],
-    )
-    parser.add_argument(
-        "--strategies", default="data,megatron,fsdp", help="comma-separated strategies"
+    field_argument(parser, "--hosts", ClusterSpec, "num_hosts")
+    field_argument(parser, "--devices-per-host", ClusterSpec, "devices_per_host")
+    field_argument(parser, "--device-kind", ClusterSpec, "device_kind")
+    add_device_memory_argument(parser)
+    field_argument(parser, "--micro-batches", PlanOptions, "num_microbatches")
+    field_argument(parser, "--global-batch", PlanOptions, "global_batch_size", type=int)
+    spaces = [s for s in typing.get_args(SubmeshSpace) if s != "manual"]  # no flag for manual
+    field_argument(parser, "--submesh-space", PlanOptions, "submesh_space", choices=spaces)
+    field_argument(parser, "--config-space", PlanOptions, "config_space")
+    strategies = ",".join(field_default(PlanOptions, "strategies"))
+    field_argument(
+        parser, "--strategies", PlanOptions, "strategies", default=strategies, metavar="A,B"
     )
     add_measurement_arguments(parser)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate")
-    parser.add_argument(
-        "--communication", action="store_true", help="add inter-stage transfer time"
+    field_argument(parser, "--timeout", PlanOptions, "candidate_timeout_s")
+    field_argument(
+        parser, "--communication", PlanOptions, "include_communication", action="store_true"
     )
     parser.add_argument("--server", help="run the job on a stageprof server at this URL")
     parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 def queue_embedded_job(
     url: str | None, spec: ModelSpec, cluster: ClusterSpec, options: PlanOptions
-) -> tuple[Any, str]:
+) -> tuple["sessionmaker[Session]", str]:
     """The store at `url` (default STAGEPROF_DATABASE_URL or ./stageprof.db; SQLite is
     migrated here) and a job for `spec` queued in it: (its sessionmaker, the job id)."""
     from migrations import upgrade

@@ -7,9 +7,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console, Group
 from rich.progress import (
@@ -23,17 +23,60 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from schemas import Job, ModelSpec, Plan
+from schemas import Job, JobStatus, ModelSpec, Plan
 from schemas import Progress as JobProgress
 from schemas.plan import percent, stage_layout
 from schemas.profile import MAX_SUCC_STAGES
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 MIB = 2**20
 STABILITY_STYLES = {"stable": "green", "within_noise": "yellow", "unique": "cyan"}
 
 
+class JobCounts(Protocol):
+    """What the progress displays read: a `store.JobRow`, or `job_snapshot` of an API job."""
+
+    @property
+    def status(self) -> object: ...
+    @property
+    def candidates(self) -> int: ...
+    @property
+    def distinct_stages(self) -> int: ...
+    @property
+    def done(self) -> int: ...
+    @property
+    def measured(self) -> int: ...
+    @property
+    def reused(self) -> int: ...
+    @property
+    def pruned(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+
+
+# Called with the job's counts (None: not known yet) and the runner's stats (unused here).
+ProgressUpdate = Callable[[JobCounts | None, object], None]
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """An API job as the progress displays read it (`JobCounts`)."""
+
+    status: JobStatus
+    candidates: int
+    distinct_stages: int
+    measured: int
+    reused: int
+    failed: int
+    pruned: int
+    done: int
+    pending: int
+
+
 @contextmanager
-def progress_bar(console: Console) -> Iterator[Callable[[Any, Any], None]]:
+def progress_bar(console: Console) -> Iterator[ProgressUpdate]:
     """Progress of a local job: a rich bar on a terminal, else plain lines (`plain_progress`)."""
     if not console.is_terminal:
         with plain_progress(console.file) as update:
@@ -43,9 +86,9 @@ def progress_bar(console: Console) -> Iterator[Callable[[Any, Any], None]]:
         yield update
 
 
-def job_snapshot(job: Job) -> SimpleNamespace:
+def job_snapshot(job: Job) -> JobSnapshot:
     """A job from the API as the progress displays read it: its status and its counts."""
-    return SimpleNamespace(status=job.status, **job.progress.model_dump())
+    return JobSnapshot(status=job.status, **job.progress.model_dump())
 
 
 def stats_of(progress: JobProgress, wall_seconds: float) -> dict[str, Any]:
@@ -53,7 +96,7 @@ def stats_of(progress: JobProgress, wall_seconds: float) -> dict[str, Any]:
     return progress.model_dump() | {"wall_seconds": round(wall_seconds, 3)}
 
 
-def progress_line(job: Any, elapsed_s: float) -> str:
+def progress_line(job: JobCounts | None, elapsed_s: float) -> str:
     """One line of progress from a job row or `Job.progress`-like object (None: starting)."""
     if job is None:
         return f"starting: workers and the model's stages ({elapsed_s:.0f}s)"
@@ -71,31 +114,32 @@ def progress_line(job: Any, elapsed_s: float) -> str:
     )
 
 
-def _phase(job: Any) -> str:
+def _phase(job: JobCounts) -> str:
     status = getattr(job, "status", None)
     return str(getattr(status, "value", status) or "profiling")
 
 
 @contextmanager
-def plain_progress(
-    stream: IO[str], interval_s: float = 10.0
-) -> Iterator[Callable[[Any, Any], None]]:
+def plain_progress(stream: IO[str], interval_s: float = 10.0) -> Iterator[ProgressUpdate]:
     """Plain progress lines for logs and CI: one line now, one whenever the phase changes,
-    and one at least every `interval_s` seconds while nothing else is printed."""
+    one at least every `interval_s` seconds while nothing else is printed, and one at the end
+    when the counts changed since the last line."""
     started = time.monotonic()
-    state: dict[str, Any] = {"job": None, "phase": None}
+    state: dict[str, Any] = {"job": None, "phase": None, "unprinted": False}
     lock = threading.Lock()
     stop = threading.Event()
 
     def emit() -> None:
         with lock:
+            state["unprinted"] = False
             stream.write(progress_line(state["job"], time.monotonic() - started) + "\n")
             stream.flush()
 
-    def update(job: Any, _stats: Any) -> None:
+    def update(job: JobCounts | None, _stats: object) -> None:
         phase = getattr(job, "status", None)
-        changed = phase != state["phase"]
-        state["job"], state["phase"] = job, phase
+        with lock:
+            changed = phase != state["phase"]
+            state["job"], state["phase"], state["unprinted"] = job, phase, True
         if changed:
             emit()
 
@@ -111,11 +155,12 @@ def plain_progress(
     finally:
         stop.set()
         thread.join()
-        emit()
+        if state["unprinted"]:
+            emit()
 
 
 @contextmanager
-def _rich_progress(console: Console) -> Iterator[Callable[[Any, Any], None]]:
+def _rich_progress(console: Console) -> Iterator[ProgressUpdate]:
     """A rich progress bar over candidates: done (reused, failed) and ETA."""
     progress = Progress(
         TextColumn("[bold]{task.fields[phase]}"),
@@ -136,7 +181,7 @@ def _rich_progress(console: Console) -> Iterator[Callable[[Any, Any], None]]:
         "profiling", total=None, phase="starting", reused=0, pruned=0, failed=0
     )
 
-    def update(job: Any, _stats: Any) -> None:
+    def update(job: JobCounts | None, _stats: object) -> None:
         if job is None:
             return
         progress.update(
@@ -256,13 +301,23 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
             compare.add_row(base.name, _ms(base.iteration_time_s), f"{ratio:.2f}x", "")
     console.print(compare)
     print_stability(console, plan)
-    console.print(
+    for line in summary_lines(plan, stats):
+        console.print(line, highlight=False)
+
+
+def summary_lines(plan: Plan, stats: dict[str, Any]) -> tuple[str, str]:
+    """What the plan cost: the stage counts, then the planning and total times (two short
+    lines, so that no number is cut at the end of a 120-column line)."""
+    counts = (
         f"{stats['candidates']} candidates, {stats['distinct_stages']} distinct stages: "
         f"{stats['measured']} measured, {stats['reused']} reused, "
-        f"{stats['pruned']} pruned, {stats['failed']} failed; "
+        f"{stats['pruned']} pruned, {stats['failed']} failed"
+    )
+    times = (
         f"DP {plan.dp_wall_seconds * 1e3:.1f} ms (runner-up "
         f"{plan.runner_up_wall_seconds * 1e3:.1f} ms); total {stats['wall_seconds']:.1f} s"
     )
+    return counts, times
 
 
 def print_stability(console: Console, plan: Plan) -> None:
@@ -284,7 +339,7 @@ def print_json_line(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def write_report(path: str, sessions: Any, job_id: str) -> None:
+def write_report(path: str, sessions: "sessionmaker[Session]", job_id: str) -> None:
     """A standalone HTML page with the job's plan, heatmap and Gantt chart."""
     from server.report import render_job_report
     from store import session_scope

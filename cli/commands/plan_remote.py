@@ -26,7 +26,7 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         console.width = max(console.width, 120)
     started = time.monotonic()
     if args.model is not None:
-        spec = ModelSpec.model_validate_json(args.model.read_text())
+        spec: ModelSpec | None = ModelSpec.model_validate_json(args.model.read_text())
         request = PlanRequest(model=spec, cluster=cluster, options=options)
     else:
         zoo = ZooRef(name=args.zoo, config=parse_overrides(args.overrides))

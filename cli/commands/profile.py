@@ -10,9 +10,14 @@ import argparse
 import os
 import re
 import sys
-from typing import Any
+from collections.abc import MutableMapping
 
-from cli.commands.measure_args import add_measurement_arguments, measurement_options
+from cli.commands.measure_args import (
+    add_device_memory_argument,
+    add_measurement_arguments,
+    field_argument,
+    measurement_options,
+)
 from cli.commands.plan_output import succ_text
 from cli.commands.zoo_args import (
     add_model_arguments,
@@ -53,11 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser.add_argument(
         "--devices-per-host", type=int, help="devices per host (default: the submesh's)"
     )
-    parser.add_argument(
-        "--device-memory-gib", type=float, default=16.0, help="memory of one device, GiB"
-    )
+    add_device_memory_argument(parser)
     add_measurement_arguments(parser)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the candidate")
+    field_argument(parser, "--timeout", PlanOptions, "candidate_timeout_s")
     parser.add_argument("--json", action="store_true", help="print the StageProfileResult JSON")
     parser.set_defaults(func=run)
 
@@ -70,7 +73,7 @@ def parse_pair(text: str, what: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def ensure_cpu_devices(n: int, environ: Any = os.environ) -> None:
+def ensure_cpu_devices(n: int, environ: MutableMapping[str, str] = os.environ) -> None:
     """Ask XLA for `n` virtual CPU devices unless XLA_FLAGS already sets a count. Only has
     an effect before jax is imported; it changes nothing on GPUs."""
     flags = environ.get("XLA_FLAGS", "")

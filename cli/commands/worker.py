@@ -5,7 +5,7 @@ import logging
 import os
 import signal
 import threading
-from typing import Any
+from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
@@ -13,18 +13,22 @@ RAY_SHUTDOWN_BUDGET_S = 2.0
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that size the measuring groups; each defaults to its environment variable."""
+    """Flags that size the measuring groups; each defaults to its environment variable
+    (`schemas.settings.EnvSettings`)."""
+    from schemas.settings import env_settings
+
+    env = env_settings()
     parser.add_argument(
         "--workers",
         type=int,
-        default=_env_int("STAGEPROF_WORKERS"),
+        default=env.workers,
         help="most measuring groups at once (env STAGEPROF_WORKERS; default: as many as the "
         "Ray cluster's device and CPU resources fit)",
     )
     parser.add_argument(
         "--devices-per-worker",
         type=int,
-        default=_env_int("STAGEPROF_DEVICES_PER_WORKER"),
+        default=env.devices_per_worker,
         help="the old one-shape pool: every actor owns N devices and measures every submesh "
         "shape, no packing, a baseline (env STAGEPROF_DEVICES_PER_WORKER; default: off, "
         "groups sized to each shape)",
@@ -32,21 +36,17 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpus",
         action="store_true",
-        default=os.environ.get("STAGEPROF_USE_GPUS", "") == "1",
+        default=env.use_gpus,
         help="give actors whole GPUs through Ray num_gpus, NCCL between hosts (env "
         "STAGEPROF_USE_GPUS=1)",
     )
     parser.add_argument(
         "--lease-seconds",
         type=float,
-        default=float(os.environ.get("STAGEPROF_LEASE_SECONDS", "30")),
-        help="job lease; another runner takes a job over after it expires",
+        default=env.lease_seconds,
+        help="job lease; another runner takes a job over after it expires (env "
+        "STAGEPROF_LEASE_SECONDS; default: %(default)s)",
     )
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value else None
 
 
 def runner_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         _shutdown_ray(ray)
 
 
-def _shutdown_ray(ray: Any) -> None:
+def _shutdown_ray(ray: ModuleType) -> None:
     """Stop Ray, within `RAY_SHUTDOWN_BUDGET_S`: past it the process exits anyway and its
     Ray watchdog (`workers.cluster.ray_watchdog`) stops what is left, so SIGTERM takes effect
     within seconds even on a loaded machine."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 
 from cli.gate.recost import remeasure
 from cli.gate.source import GateError, TodayRun
@@ -16,7 +17,7 @@ from schemas import ClusterSpec, ModelSpec, PlannedStage, PlanOptions, StageProf
 class StoreProfiles:
     """The job's profile table read from the store (see recost.ProfileSource)."""
 
-    def __init__(self, sessions: Any) -> None:
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
 
     def candidates(self, job_id: str, stage: PlannedStage) -> list[dict[str, Any]]:

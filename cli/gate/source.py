@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cli.gate.verdict import Remeasured
@@ -47,7 +48,7 @@ def describe_model(args: argparse.Namespace) -> str:
     return f"zoo {args.zoo}{sets}"
 
 
-def load_spec_file(path: Any) -> ModelSpec:
+def load_spec_file(path: Path) -> ModelSpec:
     """A ModelSpec JSON file; GateError naming the file and the first problem."""
     from pydantic import ValidationError
 

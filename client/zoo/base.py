@@ -20,7 +20,7 @@ class Built:
     loss_fn: Callable[[Any, Any], jax.Array]
     params: Any  # pytree of jax.ShapeDtypeStruct
     batch: dict[str, jax.ShapeDtypeStruct]
-    logical_axes: dict[str, tuple[str | None, ...]]
+    logical_axes: Mapping[str, tuple[str | None, ...]]
     sample_batch: Callable[[jax.Array], dict[str, jax.Array]]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import xmlschema
 
-from cli.commands.gate import fraction
+from cli.gate.command import fraction
 from cli.gate.source import GateError, load_entry
 from cli.main import build_parser, main
 from schemas import ModelSpec

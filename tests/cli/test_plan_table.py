@@ -46,3 +46,23 @@ def test_plan_output_fits_the_width_and_keeps_every_number(width: int) -> None:
 def test_no_limit_is_said_in_words() -> None:
     assert succ_text(MAX_SUCC_STAGES) == "no limit"
     assert succ_text(-1) == "infeasible" and succ_text(3) == "3"
+
+
+def test_the_summary_keeps_each_figure_on_one_line_at_120_columns() -> None:
+    plan = make_plan(num_layers=6, num_microbatches=4, salt="summary")
+    plan = plan.model_copy(update={"dp_wall_seconds": 12.3456, "runner_up_wall_seconds": 9.87})
+    stats = {
+        "candidates": 123456,
+        "distinct_stages": 12345,
+        "measured": 10000,
+        "reused": 2000,
+        "pruned": 300,
+        "failed": 45,
+        "wall_seconds": 67.3,
+    }
+    out = io.StringIO()
+    print_plan(Console(file=out, width=120, color_system=None), chain_spec(6), plan, stats)
+    lines = out.getvalue().splitlines()
+    counts = "123456 candidates, 12345 distinct stages: 10000 measured, 2000 reused, 300 pruned"
+    assert any(counts in line and "45 failed" in line for line in lines), lines[-3:]
+    assert any("DP 12345.6 ms (runner-up 9870.0 ms); total 67.3 s" in line for line in lines)

@@ -33,10 +33,26 @@ def test_plain_progress_prints_on_phase_change_and_on_a_timer() -> None:
     assert lines[1].startswith("profiling: 1/4")
     timed = [ln for ln in lines if ln.startswith("profiling: 2/4")]
     assert len(timed) >= 2
-    assert lines[-2].startswith("planning: 4/4") and lines[-1].startswith("planning: 4/4")
+    assert lines[-1].startswith("planning: 4/4")
+    assert [ln for ln in lines if ln.startswith("planning")] == lines[-1:]  # printed once
     assert "\x1b[" not in stream.getvalue()
 
 
 def test_a_queued_job_says_it_waits_for_a_worker() -> None:
     line = progress_line(_job("queued", 0, 0), 4)
     assert line.startswith("queued: waiting for a worker") and "4s elapsed" in line
+
+
+def test_plain_progress_ends_with_the_last_counts_once() -> None:
+    stream = io.StringIO()
+    with plain_progress(stream, interval_s=60) as update:
+        update(_job("profiling", 4, 1), None)
+        update(_job("profiling", 4, 3), None)  # same phase: printed at the end
+    lines = stream.getvalue().splitlines()
+    assert [ln.split(" stages")[0] for ln in lines[1:]] == ["profiling: 1/4", "profiling: 3/4"]
+    stream = io.StringIO()
+    with plain_progress(stream, interval_s=60) as update:
+        update(_job("planning", 4, 4), None)
+        update(_job("done", 4, 4), None)  # the final counts, as stored
+    lines = stream.getvalue().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["starting", "planning", "done"]

@@ -5,9 +5,9 @@ process, and the processes of a group join their `jax.distributed` group. Every 
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import ray
+from ray import ObjectRef
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from workers.cluster.host_group import MeasuringGroup
@@ -58,7 +58,7 @@ class GroupStarter:
             raise RuntimeError(f"no group of {groups[0].shape} started")
         return started
 
-    def wait(self, refs: list[Any], what: str) -> None:
+    def wait(self, refs: list[ObjectRef], what: str) -> None:
         """Wait for `refs`, calling `check` meanwhile, at most `START_TIMEOUT_S`."""
         deadline = time.monotonic() + START_TIMEOUT_S
         pending = list(refs)
@@ -70,7 +70,7 @@ class GroupStarter:
                     f"measuring processes did not {what} within {START_TIMEOUT_S:g} s"
                 )
 
-    def _answer(self, ref: Any) -> str | None:
+    def _answer(self, ref: ObjectRef) -> str | None:
         """Rank 0's coordinator address, or None when its process did not start (the
         group's join then fails and the group is dropped)."""
         self.wait([ref], "start")

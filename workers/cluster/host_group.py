@@ -16,27 +16,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray import ObjectRef
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageKey, StageProfileResult
+from schemas.settings import env_forwarded, env_name
 from workers.cluster.placement import GroupShape, Layout
 
 logger = logging.getLogger(__name__)
 
 # Measurement settings of this process that its actors follow (workers.measure.quiet, timing).
-FORWARDED_ENV = ("STAGEPROF_QUIET_TIMING", "STAGEPROF_LOCK_DIR", "STAGEPROF_TIMING_CLOCK")
+FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock")
 JOIN_TIMEOUT_S = 120
 
 
 def worker_env(devices: int, use_gpus: bool, rank: int = 0) -> dict[str, str]:
     """Environment of an actor process: N virtual CPU devices unless it has GPUs, and this
-    process's measurement settings (`FORWARDED_ENV`). Only rank 0 of a group takes the
+    process's measurement settings (`FORWARDED_SETTINGS`). Only rank 0 of a group takes the
     machine's quiet-timing lock: ranks of one group that share a machine would otherwise
     wait for each other inside a collective."""
-    forwarded = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    forwarded = env_forwarded(FORWARDED_SETTINGS)
     if rank > 0:
-        forwarded["STAGEPROF_QUIET_TIMING"] = "0"
+        forwarded[env_name("quiet_timing")] = "0"
     if use_gpus:
         return forwarded
     flags = os.environ.get("XLA_FLAGS", "")
@@ -109,14 +111,14 @@ class MeasuringGroup:
 
     shape: GroupShape
     pg: PlacementGroup
-    actors: list[Any] = field(default_factory=list)
+    actors: list[Any] = field(default_factory=list)  # Ray actor handles of HostWorker
     infos: list[dict[str, Any]] = field(default_factory=list)  # each rank's `join` answer
     task: Any = None
-    refs: list[Any] = field(default_factory=list)
+    refs: list[ObjectRef] = field(default_factory=list)
     started: float = 0.0
     first_done: float | None = None  # when the first rank answered (others still running)
 
-    def spawn(self, layout: Layout) -> Any:
+    def spawn(self, layout: Layout) -> ObjectRef | None:
         """Start one actor per bundle; returns the ref of rank 0's coordinator address
         (None for a group of one)."""
         cls = ray.remote(HostWorker)
@@ -135,7 +137,7 @@ class MeasuringGroup:
         self.infos = []
         return self.actors[0].coordinator_address.remote() if size > 1 else None
 
-    def join(self, coordinator: str | None) -> list[Any]:
+    def join(self, coordinator: str | None) -> list[ObjectRef]:
         """Ask every rank to join the group; returns the refs of their answers."""
         return [a.join.remote(coordinator) for a in self.actors]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray import ObjectRef
 from ray.util.placement_group import remove_placement_group
 
 from schemas import (
@@ -336,7 +337,7 @@ class GroupPool:
         )
 
 
-def _outcome(ref: Any) -> Any:
+def _outcome(ref: ObjectRef) -> object:
     """A finished ref's value, or the exception it raised."""
     try:
         return ray.get(ref)

@@ -26,7 +26,9 @@ def load_job(
 ) -> tuple[str, ModelSpec, ClusterSpec, PlanOptions]:
     """The job's model (a zoo model is built and stored here), cluster and options."""
 
-    def read(s: Session) -> tuple[Any, ...]:
+    def read(
+        s: Session,
+    ) -> tuple[str | None, ModelSpec | None, ClusterSpec, PlanOptions, str, dict[str, Any]]:
         row = store.get_job(s, job_id=job_id)
         assert row is not None
         cluster = ClusterSpec.model_validate(row.cluster)
@@ -45,6 +47,7 @@ def load_job(
         "load job", read, write=False
     )
     if spec is not None:
+        assert model_id is not None  # a stored model's spec
         return model_id, spec, cluster, options
     if build_zoo is None:
         raise JobFailed("this runner cannot build zoo models")

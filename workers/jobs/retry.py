@@ -112,10 +112,14 @@ class StoreRetry:
             retry=retry_if_exception(is_transient),
             wait=wait_exponential_jitter(multiplier=0.1, max=self.max_wait_s, jitter=0.2),
             stop=stop,
-            sleep=self.shutdown.wait,
+            sleep=self._sleep,
             before_sleep=before_sleep,
             reraise=True,
         )
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait out a backoff, cut short by `shutdown`."""
+        self.shutdown.wait(seconds)
 
     def patient(self, what: str, fn: Callable[[Session], T], *, write: bool = True) -> T:
         """`fn(session)` in a committed transaction, retried until the database answers;

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,8 @@ from workers.jobs.runner_metrics import RunnerCounters
 from workers.jobs.stage_ledger import StageLedger
 from workers.jobs.stage_order import by_group_shape, measure_order
 
+# A job's measured candidates by key tuple (store.job_results).
+Results = Mapping[tuple[int, int, int, int], StageProfileResult]
 logger = logging.getLogger(__name__)
 
 
@@ -344,7 +347,7 @@ class JobRunner:
                 spec, key.start, key.end, submesh, config, device_kind, jax_version, options, True
             )
 
-        def reuse(s: Session) -> tuple[list[str], int, Any]:
+        def reuse(s: Session) -> tuple[list[str], int, Results]:
             store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates)
             pending = store.pending_fingerprints(s, job_id=job_id)
             stored = store.reusable_profiles(s, fingerprints=pending)
@@ -381,15 +384,15 @@ class JobRunner:
             pruner = planner.StagePruner(
                 spec, cluster, options, space, options.prune_margin, keep=keep
             )
-            for key, result in known.items():
-                pruner.add([key], result)
+            for known_key, result in known.items():
+                pruner.add([known_key], result)
             # Small stages first: they are cheap and bound the big ones, which may then
             # never need measuring. Within a size, larger submeshes first (as Alpa).
             to_measure.sort(key=lambda fp: measure_order(keys_by_fp[fp], space))
         to_measure = by_group_shape(to_measure, keys_by_fp, space, layout)
         phase.run(to_measure, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
 
-        def to_planning(s: Session) -> Any:
+        def to_planning(s: Session) -> Results | None:
             if not store.set_job_status(
                 s, job_id=job_id, owner=self.config.owner, status=JobStatus.planning
             ):
@@ -406,7 +409,7 @@ class JobRunner:
             raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")
         return keeper.call("dp", planner.build_plan, spec, cluster, options, space, results)
 
-    def _pool_config(self, space: Any) -> PoolConfig:
+    def _pool_config(self, space: planner.CandidateSpace) -> PoolConfig:
         """Packed groups, one shape at a time, on a Ray cluster whose devices are real
         resources; on the local Ray of virtual CPU devices, one shape per job (its largest
         submesh), which packing only slows down here (bench/RESULTS.md §7)."""
@@ -424,7 +427,7 @@ class JobRunner:
 class _FailureFactory:
     """Makes the result of a candidate that produced none (timeout, lost worker)."""
 
-    def __init__(self, space: Any, cluster: ClusterSpec) -> None:
+    def __init__(self, space: planner.CandidateSpace, cluster: ClusterSpec) -> None:
         self.space = space
         self.cluster = cluster
 

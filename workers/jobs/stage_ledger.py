@@ -2,6 +2,7 @@
 runner is measuring (waited for, not measured again), and results kept in memory until the
 database takes them (an outage never loses a measurement)."""
 
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -131,9 +132,9 @@ class StageLedger:
             result = self.unsaved[0]
             try:
                 if patient:
-                    self.retry.patient("result", lambda s, r=result: self._save(s, r))
+                    self.retry.patient("result", functools.partial(self._save, result=result))
                 else:
-                    self.retry.once("result", lambda s, r=result: self._save(s, r))
+                    self.retry.once("result", functools.partial(self._save, result=result))
             except Exception as err:
                 if is_transient(err) and not patient:
                     break

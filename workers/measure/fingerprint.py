@@ -1,4 +1,5 @@
-"""Stage fingerprints: equal fingerprint, same measurement (DESIGN.md "The model on the wire")."""
+"""Stage fingerprints: equal fingerprint, same measurement (docs/design.md, "The model on the
+wire")."""
 
 import hashlib
 import json

@@ -21,8 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_ENABLED = "STAGEPROF_QUIET_TIMING"
-ENV_DIR = "STAGEPROF_LOCK_DIR"
+from schemas.settings import env_name, env_settings
+
+ENV_ENABLED = env_name("quiet_timing")
+ENV_DIR = env_name("lock_dir")
 LOCK_NAME = "stageprof-quiet.lock"
 TURNSTILE_NAME = "stageprof-quiet.turnstile"
 POLL_MAX_S = 0.005  # longest sleep between tries when a wait is bounded
@@ -42,12 +44,12 @@ class Slot:
 
 def enabled() -> bool:
     """Whether the discipline is on (`STAGEPROF_QUIET_TIMING` unset or not 0/false/off/no)."""
-    return os.environ.get(ENV_ENABLED, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_settings().quiet_timing
 
 
 def lock_dir() -> Path:
     """Where the lock files live: `$STAGEPROF_LOCK_DIR`, else the temp dir."""
-    return Path(os.environ.get(ENV_DIR) or tempfile.gettempdir())
+    return Path(env_settings().lock_dir or tempfile.gettempdir())
 
 
 @contextmanager

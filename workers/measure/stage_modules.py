@@ -15,14 +15,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from jax.tree_util import SequenceKey
+from jax.typing import DTypeLike
 
-from schemas import ModuleKind, ParamSpec, VarSpec
+from schemas import ModuleKind
+from workers.measure.compose import StageProgram
 from workers.measure.compose_split import SplitBackward
 from workers.measure.memory import ModuleMemory, module_memory, per_device_bytes
 from workers.measure.sharding import StageShardings
@@ -35,19 +37,6 @@ OPTIMIZERS: dict[str, Callable[[], optax.GradientTransformation]] = {
     "sgd": lambda: optax.sgd(LEARNING_RATE),
     "adam": lambda: optax.adam(LEARNING_RATE),
 }
-
-
-class StageProgramLike(Protocol):
-    """What `workers.measure.compose.compose_stage` returns (`StageProgram`)."""
-
-    params: list[ParamSpec]
-    inputs: list[VarSpec]
-    outputs: list[VarSpec]
-    stash: list[VarSpec]
-    diff_outputs: list[int]
-    grad_inputs: list[int]
-    forward: Callable[[Sequence[Any], Sequence[Any]], tuple[tuple, tuple]]
-    backward: Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list, list]]
 
 
 @dataclass(frozen=True)
@@ -71,11 +60,11 @@ class CompiledModule:
         return module_memory(self.compiled)
 
 
-def _sds(shape: Sequence[int], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+def _sds(shape: Sequence[int], dtype: DTypeLike, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
 
 
-def _sizes(structs: Sequence[Any]) -> tuple[int, ...]:
+def _sizes(structs: Sequence[jax.ShapeDtypeStruct | jax.Array]) -> tuple[int, ...]:
     return tuple(per_device_bytes(s.shape, s.dtype, s.sharding) for s in structs)
 
 
@@ -95,7 +84,7 @@ class StageModules:
 
     def __init__(
         self,
-        program: StageProgramLike,
+        program: StageProgram,
         shardings: StageShardings,
         optimizer: str,
         split: SplitBackward | None = None,

@@ -1,6 +1,5 @@
 """Timing compiled modules, the per-candidate deadline, and the arrays they run on."""
 
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -10,9 +9,10 @@ import jax
 import numpy as np
 
 from schemas import FLOAT_DTYPES
+from schemas.settings import env_name, env_settings
 from workers.measure.group_sync import all_processes, any_process
 
-ENV_CLOCK = "STAGEPROF_TIMING_CLOCK"  # wall (default) or cpu
+ENV_CLOCK = env_name("timing_clock")  # wall (default) or cpu
 
 
 class CandidateTimeout(Exception):
@@ -47,7 +47,7 @@ class Deadline:
             raise CandidateTimeout(phase, elapsed, self.limit_s)
 
 
-def random_array(struct: Any, seed: int) -> jax.Array:
+def random_array(struct: jax.ShapeDtypeStruct, seed: int) -> jax.Array:
     """A device array for `struct` (ShapeDtypeStruct with sharding): small normal values for
     floating types, zeros for integer and bool ones (valid token ids and labels)."""
     dtype = np.dtype(struct.dtype)
@@ -103,7 +103,7 @@ def time_runs(
     return samples, out
 
 
-def clock_for(devices: Sequence[Any]) -> Callable[[], float]:
+def clock_for(devices: Sequence[jax.Device]) -> Callable[[], float]:
     """The clock to time programs on `devices`: wall time (`perf_counter`), unless
     `$STAGEPROF_TIMING_CLOCK=cpu` asks for this process's CPU time on all-CPU devices.
 
@@ -112,8 +112,8 @@ def clock_for(devices: Sequence[Any]) -> Callable[[], float]:
     its wall time and the planner would rank submeshes by work instead of by time; wall time
     is what a step takes, and the quiet sections (`workers.measure.quiet`) keep our own actors'
     compiles out of it. A GPU's work is never CPU time: wall time there, whatever is set."""
-    choice = os.environ.get(ENV_CLOCK, "wall").strip().lower()
-    if choice == "cpu" and devices and all(getattr(d, "platform", "") == "cpu" for d in devices):
+    all_cpu = bool(devices) and all(getattr(d, "platform", "") == "cpu" for d in devices)
+    if env_settings().timing_clock == "cpu" and all_cpu:
         return time.process_time
     return time.perf_counter
 
