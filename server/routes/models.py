@@ -11,7 +11,7 @@ from schemas import DTYPE_BYTES, ModelSpec
 from server.api_models import LayerInfo, ModelCreated, ModelOut, ModelSummary, error_responses
 from server.checks import program_errors, raise_if, storable_errors
 from server.deps import SessionDep
-from server.errors import Conflict, NotFound
+from server.errors import Conflict, NotFound, field_error
 from server.examples import MODEL_EXAMPLES
 from store import ModelRow, OldModelForm, get_model_row, get_model_spec, list_models, put_model
 from store.queries import layer_jaxprs
@@ -53,8 +53,12 @@ def layer_infos(skeleton: dict[str, Any]) -> list[LayerInfo]:
 
 def store_model(session: Session, spec: ModelSpec) -> tuple[ModelRow, bool]:
     """`put_model` of `spec` keyed by the fingerprints its programs give (call after
-    `program_errors` found none), tolerating a concurrent request that stored it first."""
-    spec = programs.with_fingerprints(spec)
+    `program_errors` found none), tolerating a concurrent request that stored it first.
+    The programs are stored without source locations (the uploader's file paths)."""
+    try:
+        spec = programs.with_fingerprints(programs.without_locations(spec))
+    except ValueError as e:
+        raise_if([field_error(("body", "layers"), str(e))])
     try:
         with session.begin_nested():
             return put_model(session, spec=spec)
