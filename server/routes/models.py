@@ -2,12 +2,12 @@
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response, status
+from fastapi import APIRouter, Body, Path, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import programs
-from schemas import DTYPE_BYTES, ModelSpec
+from schemas import DTYPE_BYTES, TEXT_PATTERN, ModelSpec
 from server.api_models import LayerInfo, ModelCreated, ModelOut, ModelSummary, error_responses
 from server.checks import program_errors, raise_if, storable_errors
 from server.deps import SessionDep
@@ -105,7 +105,12 @@ def create_model(
     )
 
 
-@router.get("", response_model=list[ModelSummary], summary="List stored models, newest first")
+@router.get(
+    "",
+    response_model=list[ModelSummary],
+    responses=error_responses(),
+    summary="List stored models, newest first",
+)
 def read_models(
     session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> list[ModelSummary]:
@@ -122,7 +127,7 @@ def read_models(
     summary="A stored model: layers, fingerprints and its spec",
 )
 def read_model(
-    model_id: str,
+    model_id: Annotated[str, Path(pattern=TEXT_PATTERN, description="The model's id.")],
     session: SessionDep,
     programs: Annotated[
         bool, Query(description="Include the layers' serialized programs (can be large).")
