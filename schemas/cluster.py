@@ -51,7 +51,7 @@ class ClusterSpec(Frozen):
         "cpu",
         min_length=1,
         max_length=64,
-        pattern=TEXT_PATTERN,
+        json_schema_extra={"pattern": TEXT_PATTERN},
         description="Device kind, e.g. 'cpu' or 'NVIDIA H100'.",
     )
     device_memory_bytes: int = Field(

@@ -33,7 +33,7 @@ MAX_MODEL_PROGRAM_CHARS = 512 * 2**20
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/\-\[\]]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 # Standard base64 (the programs' encoding); empty only in answers that leave programs out.
-BASE64_PATTERN = r"^[A-Za-z0-9+/]*={0,2}$"
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 NAME_SCHEMA: JsonDict = {"type": "string", "pattern": NAME_PATTERN}
 DTYPE_SCHEMA: JsonDict = {"enum": [*sorted(DTYPE_BYTES)]}
 SHAPE_SCHEMA: JsonDict = {
@@ -140,13 +140,13 @@ class LayerSpec(Frozen):
     params: list[ParamSpec] = Field(default_factory=list, description="Its parameters.")
     forward: str = Field(
         max_length=MAX_PROGRAM_CHARS,
-        pattern=BASE64_PATTERN,
+        json_schema_extra={"pattern": BASE64_PATTERN},
         description="jax.export serialized forward, base64: "
         "(*params, *inputs) -> (*outputs, *residuals).",
     )
     backward: str = Field(
         max_length=MAX_PROGRAM_CHARS,
-        pattern=BASE64_PATTERN,
+        json_schema_extra={"pattern": BASE64_PATTERN},
         description="jax.export serialized backward, base64: (*params, *saved, *residuals, "
         "*cotangents of the floating outputs) -> (*param grads, *cotangents of grad_inputs).",
     )
@@ -166,7 +166,10 @@ class LayerSpec(Frozen):
         "floating inputs that are not model batch inputs.",
     )
     jaxpr: str = Field(
-        "", max_length=MAX_PROGRAM_CHARS, pattern=TEXT_PATTERN, description="Its jaxpr, as text."
+        "",
+        max_length=MAX_PROGRAM_CHARS,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="Its jaxpr, as text.",
     )
     flops: float = Field(0.0, ge=0, description="Forward FLOPs per micro-batch.")
     fingerprint: str = Field(
@@ -227,7 +230,10 @@ class ModelSpec(Frozen):
         json_schema_extra={"pattern": NAME_PATTERN},
     )
     jax_version: str = Field(
-        "", max_length=64, pattern=TEXT_PATTERN, description="jax version that exported it."
+        "",
+        max_length=64,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="jax version that exported it.",
     )
 
     @model_validator(mode="after")

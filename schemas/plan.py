@@ -172,7 +172,10 @@ class PlanRequest(Frozen):
     """Plan a model on a cluster. Exactly one of `model_id`, `model`, `zoo`."""
 
     model_id: str | None = Field(
-        None, max_length=64, pattern=TEXT_PATTERN, description="A stored model's id."
+        None,
+        max_length=64,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="A stored model's id.",
     )
     model: ModelSpec | None = Field(None, description="An inline model spec.")
     zoo: ZooRef | None = Field(None, description="A zoo model.")
