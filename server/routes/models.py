@@ -90,7 +90,19 @@ def create_model(
     response: Response,
 ) -> ModelCreated:
     """Store `spec` and return its id and layer fingerprints. Posting an equal spec again
-    returns the same id with `created: false` and status 200."""
+    returns the same id with `created: false` and status 200. The programs are stored without
+    source locations (file paths, function and scope names are stripped).
+
+    Beyond the schema's per-field rules, a spec must meet these rules between fields (a 422
+    naming the field otherwise): names are unique (model inputs, layers, a layer's vars and
+    residuals); each layer input is a model input or an output of an earlier layer, with the
+    same shape and dtype, and no var is produced twice; a parameter shared by layers is
+    declared alike, and never has a var's name; `saved` names the layer's own inputs and
+    outputs; `grad_inputs` lists, in order, its floating inputs that are not model inputs;
+    `logical_axes` has one entry per dim of `shape`; `loss` is a scalar output of the last
+    layer; a layer has at most 4096 vars and the programs at most 512 MiB in all; each
+    program is `jax.export` bytes whose arguments and results match the layer's vars; a
+    stated `fingerprint` is the one its programs give (leave it empty)."""
     check_model(spec, ("body",))
     row, created = store_model(session, spec)
     if not created:

@@ -179,7 +179,10 @@ def read_profiles(
 ) -> Any:
     """Filter by model, job, layer range (`start_min`, `end_max`), submesh, config, status,
     devices, strategy or fingerprint; sort by cost, memory, start or time; page with the
-    opaque `next_cursor` (in JSON, or the `X-Next-Cursor` header of CSV)."""
+    opaque `next_cursor` (in JSON, or the `X-Next-Cursor` header of CSV).
+
+    The rules between fields: `end_max >= start_min`; a `cursor` is one this API returned
+    for the same `sort` (422 otherwise)."""
     if start_min is not None and end_max is not None and start_min > end_max:
         raise_if([field_error(("query", "end_max"), "must be >= start_min")])
     order = ProfileSort.parse(sort)
