@@ -80,3 +80,6 @@ def test_only_listed_cross_field_rules_pass() -> None:
     per_field = {"msg": "Value error, unsupported dtype 'x'; use one of [...]"}
     assert unlisted_errors(MODELS, [per_field]) == [per_field]
     assert unlisted_errors(PROFILES, listed) == listed  # each rule belongs to its operations
+    zoo_name = {"field": "zoo.name", "msg": "unknown zoo model 'x'"}
+    zoo_config = {"field": "zoo.config.num_layers", "msg": "must be at most 64, got 65"}
+    assert unlisted_errors(PLANS, [zoo_name, zoo_config]) == [zoo_name]
