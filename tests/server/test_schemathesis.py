@@ -24,8 +24,10 @@ from tests.server.live import LiveServer
 from tests.server.schemathesis_hooks import MODELS, PLANS, PROFILES, unlisted_errors
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_EXAMPLES = 10  # per operation in the fuzzing phase; the coverage phase is exhaustive
-MAX_STEPS = 6  # per stateful scenario
+MAX_EXAMPLES = 5  # per operation in the fuzzing phase; the coverage phase is exhaustive
+MAX_STEPS = 4  # per stateful scenario
+# One worker: with several, hypothesis's lambda descriptions can race in schemathesis's
+# coverage phase (a "Runtime Error" of the engine, not of the API).
 SEED = 20261125
 CONFIG = f"""
 [phases.stateful]
@@ -47,7 +49,7 @@ def run_schemathesis(url: str, out: Path) -> dict:
         f"{url}/openapi.json",
         *("--checks", "all", "--exclude-checks", "positive_data_acceptance"),
         "--exclude-deprecated",
-        *("--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "2"),
+        *("--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "1"),
         *("--generation-database", "none", "--no-color"),
         *("--report", "json", "--report-json-path", str(report)),
     ]
