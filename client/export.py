@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
 
+from programs import strip_locations
 from schemas import DTYPE_BYTES, FLOAT_DTYPES, ParamSpec, VarSpec
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,8 @@ def _struct(v: VarSpec) -> jax.ShapeDtypeStruct:
 
 
 def _b64(exported: jax.export.Exported) -> str:
-    return base64.b64encode(exported.serialize()).decode("ascii")
+    """The serialized program, base64, without the source locations of this machine."""
+    return base64.b64encode(strip_locations(exported.serialize())).decode("ascii")
 
 
 def export_layer_pair(

@@ -12,6 +12,7 @@ from programs.fingerprint import (
     with_fingerprints,
 )
 from programs.load import load_layer, load_program
+from programs.strip import strip_locations, without_locations
 
 __all__ = [
     "FINGERPRINT_VERSION",
@@ -23,6 +24,8 @@ __all__ = [
     "load_layer",
     "load_program",
     "platform_problems",
+    "strip_locations",
     "verified",
     "with_fingerprints",
+    "without_locations",
 ]

@@ -3,6 +3,7 @@
 No jax, ray or sqlalchemy here: every other package imports these.
 """
 
+from schemas.base import TEXT_PATTERN
 from schemas.cluster import (
     DTYPE_BYTES,
     FLOAT_DTYPES,
@@ -39,6 +40,7 @@ from schemas.profile import (
 
 __all__ = [
     "DTYPE_BYTES",
+    "TEXT_PATTERN",
     "FLOAT_DTYPES",
     "BaselinePlan",
     "ClusterSpec",

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas.base import Frozen
+from schemas.base import TEXT_PATTERN, Frozen
 from schemas.limits import MAX_DEVICE_MEMORY_BYTES, MIN_DEVICE_MEMORY_BYTES
 
 StrategyName = Literal["data", "megatron", "fsdp"]
@@ -29,6 +29,7 @@ FLOAT_DTYPES: frozenset[str] = frozenset({"float64", "float32", "float16", "bflo
 
 MAX_HOSTS = 1024
 MAX_DEVICES_PER_HOST = 1024
+POWERS_OF_TWO = [2**k for k in range(MAX_DEVICES_PER_HOST.bit_length())]
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -40,10 +41,18 @@ class ClusterSpec(Frozen):
 
     num_hosts: int = Field(1, ge=1, le=MAX_HOSTS, description="Number of hosts.")
     devices_per_host: int = Field(
-        4, ge=1, le=MAX_DEVICES_PER_HOST, description="Devices per host; a power of two."
+        4,
+        ge=1,
+        le=MAX_DEVICES_PER_HOST,
+        description="Devices per host; a power of two.",
+        json_schema_extra={"enum": POWERS_OF_TWO},
     )
     device_kind: str = Field(
-        "cpu", min_length=1, max_length=64, description="Device kind, e.g. 'cpu' or 'NVIDIA H100'."
+        "cpu",
+        min_length=1,
+        max_length=64,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="Device kind, e.g. 'cpu' or 'NVIDIA H100'.",
     )
     device_memory_bytes: int = Field(
         16 * 2**30, gt=0, description="Memory of one device, in bytes."

@@ -12,9 +12,10 @@ The backward never re-runs the forward. Never a pickle.
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic.config import JsonDict
 
-from schemas.base import Frozen
+from schemas.base import TEXT_PATTERN, Frozen
 from schemas.cluster import DTYPE_BYTES, FLOAT_DTYPES
 
 MAX_LAYERS = 1024
@@ -31,10 +32,18 @@ OLD_LAYER_FORM = (
 MAX_MODEL_PROGRAM_CHARS = 512 * 2**20
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/\-\[\]]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)
+# Standard base64 (the programs' encoding); empty only in answers that leave programs out.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+NAME_SCHEMA: JsonDict = {"type": "string", "pattern": NAME_PATTERN}
+DTYPE_SCHEMA: JsonDict = {"enum": [*sorted(DTYPE_BYTES)]}
+SHAPE_SCHEMA: JsonDict = {
+    "maxItems": MAX_RANK,
+    "items": {"type": "integer", "minimum": 1, "maximum": MAX_DIM},
+}
 
 
 def _check_name(v: str) -> str:
-    if not _NAME_RE.match(v):
+    if not _NAME_RE.fullmatch(v):
         raise ValueError(
             f"{v!r} is not a valid name: start with a letter or '_', at most 128 characters "
             "of letters, digits and _.:/-[]"
@@ -42,7 +51,7 @@ def _check_name(v: str) -> str:
     return v
 
 
-Name = Annotated[str, AfterValidator(_check_name)]
+Name = Annotated[str, AfterValidator(_check_name), WithJsonSchema(NAME_SCHEMA)]
 
 
 def _check_unique(names: list[str], what: str) -> None:
@@ -57,8 +66,13 @@ class VarSpec(Frozen):
     """A named array: shape and dtype (per micro-batch for batch inputs and activations)."""
 
     name: Name = Field(description="Variable name, unique in the model.")
-    shape: tuple[int, ...] = Field(description="Array shape; every dim >= 1.")
-    dtype: str = Field(description=f"Element type, one of {sorted(DTYPE_BYTES)}.")
+    shape: tuple[int, ...] = Field(
+        description=f"Array shape: at most {MAX_RANK} dims, each in [1, 2**31].",
+        json_schema_extra=SHAPE_SCHEMA,
+    )
+    dtype: str = Field(
+        description=f"Element type, one of {sorted(DTYPE_BYTES)}.", json_schema_extra=DTYPE_SCHEMA
+    )
 
     @field_validator("shape")
     @classmethod
@@ -92,6 +106,17 @@ class ParamSpec(VarSpec):
         None,
         description="One logical name per dim (e.g. ('embed', 'mlp')) or null; "
         "'mlp', 'heads', 'vocab', 'experts' split on the model axis.",
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {
+                        "anyOf": [{"type": "string", "pattern": TEXT_PATTERN}, {"type": "null"}]
+                    },
+                },
+                {"type": "null"},
+            ]
+        },
     )
 
     @model_validator(mode="after")
@@ -115,11 +140,13 @@ class LayerSpec(Frozen):
     params: list[ParamSpec] = Field(default_factory=list, description="Its parameters.")
     forward: str = Field(
         max_length=MAX_PROGRAM_CHARS,
+        json_schema_extra={"pattern": BASE64_PATTERN},
         description="jax.export serialized forward, base64: "
         "(*params, *inputs) -> (*outputs, *residuals).",
     )
     backward: str = Field(
         max_length=MAX_PROGRAM_CHARS,
+        json_schema_extra={"pattern": BASE64_PATTERN},
         description="jax.export serialized backward, base64: (*params, *saved, *residuals, "
         "*cotangents of the floating outputs) -> (*param grads, *cotangents of grad_inputs).",
     )
@@ -130,17 +157,25 @@ class LayerSpec(Frozen):
     saved: list[str] = Field(
         default_factory=list,
         description="Names of the layer's inputs and outputs that backward reads, in order.",
+        json_schema_extra={"items": NAME_SCHEMA, "uniqueItems": True},
     )
     grad_inputs: list[str] = Field(
         default_factory=list,
+        json_schema_extra={"items": NAME_SCHEMA, "uniqueItems": True},
         description="Names of the inputs whose cotangents backward returns, in order: the "
         "floating inputs that are not model batch inputs.",
     )
-    jaxpr: str = Field("", max_length=MAX_PROGRAM_CHARS, description="Its jaxpr, as text.")
+    jaxpr: str = Field(
+        "",
+        max_length=MAX_PROGRAM_CHARS,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="Its jaxpr, as text.",
+    )
     flops: float = Field(0.0, ge=0, description="Forward FLOPs per micro-batch.")
     fingerprint: str = Field(
         "",
         max_length=128,
+        json_schema_extra={"pattern": TEXT_PATTERN},
         description="Hash of the canonical computation and shapes; equal for identical layers.",
     )
 
@@ -190,8 +225,16 @@ class ModelSpec(Frozen):
     layers: list[LayerSpec] = Field(
         min_length=1, max_length=MAX_LAYERS, description="The layers, in execution order."
     )
-    loss: str = Field(description="Name of the scalar loss var, an output of the last layer.")
-    jax_version: str = Field("", max_length=64, description="jax version that exported it.")
+    loss: str = Field(
+        description="Name of the scalar loss var, an output of the last layer.",
+        json_schema_extra={"pattern": NAME_PATTERN},
+    )
+    jax_version: str = Field(
+        "",
+        max_length=64,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="jax version that exported it.",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> "ModelSpec":

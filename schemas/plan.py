@@ -4,7 +4,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas.base import Frozen
+from schemas.base import TEXT_PATTERN, Frozen
 from schemas.cluster import (
     MAX_DEVICES_PER_HOST,
     MAX_HOSTS,
@@ -15,6 +15,7 @@ from schemas.cluster import (
 )
 from schemas.limits import MAX_MANUAL_SUBMESHES
 from schemas.model import ModelSpec
+from schemas.zoo_sizes import ZOO_SIZES
 
 SubmeshSpace = Literal["power_of_two", "small_power_of_two", "all", "manual"]
 ConfigSpace = Literal["all", "single_node_model_parallel", "data_parallel_only"]
@@ -57,6 +58,7 @@ class PlanOptions(Frozen):
         description="(hosts, devices_per_host) choices when submesh_space is 'manual', each "
         "dividing the cluster: one host with devices dividing devices_per_host, or whole "
         "hosts (devices = devices_per_host) with hosts dividing num_hosts; no duplicates.",
+        json_schema_extra={"uniqueItems": True},
     )
     config_space: ConfigSpace = Field(
         "all", description="Logical meshes tried per submesh (Alpa's logical shape space)."
@@ -64,7 +66,8 @@ class PlanOptions(Frozen):
     strategies: list[StrategyName] = Field(
         default_factory=lambda: list(ALL_STRATEGIES),
         min_length=1,
-        description="Sharding strategies tried on each logical mesh.",
+        description="Sharding strategies tried on each logical mesh, each once.",
+        json_schema_extra={"uniqueItems": True},
     )
     optimizer: OptimizerName = Field("adam", description="Optimizer of the apply_grad module.")
     repeats: int = Field(
@@ -153,14 +156,27 @@ class PlanOptions(Frozen):
 class ZooRef(Frozen):
     """A model from the server-side zoo, by name with overrides."""
 
-    name: str = Field(min_length=1, max_length=64, description="Zoo model name, e.g. 'gpt'.")
-    config: dict[str, Any] = Field(default_factory=dict, description="Overrides.")
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        description="Zoo model name, e.g. 'gpt'.",
+        json_schema_extra={"enum": [*sorted(ZOO_SIZES)]},
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides: which keys, value types and bounds depend on the model (name).",
+    )
 
 
 class PlanRequest(Frozen):
     """Plan a model on a cluster. Exactly one of `model_id`, `model`, `zoo`."""
 
-    model_id: str | None = Field(None, max_length=64, description="A stored model's id.")
+    model_id: str | None = Field(
+        None,
+        max_length=64,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="A stored model's id.",
+    )
     model: ModelSpec | None = Field(None, description="An inline model spec.")
     zoo: ZooRef | None = Field(None, description="A zoo model.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="The cluster.")

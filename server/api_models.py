@@ -160,10 +160,12 @@ class HealthOut(Out):
 def error_responses(
     *codes: int, extra: dict[int | str, dict[str, Any]] | None = None
 ) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` for the error codes a route can answer (plus `extra`)."""
+    """OpenAPI `responses=` for the error codes a route can answer (plus `extra`): 400, 401
+    and 422 always (any URL can carry a NUL; reads need a token where the server closes them)."""
     text = {
-        400: "Malformed JSON or URL.",
-        401: "A bearer token is needed.",
+        400: "Malformed JSON, or NUL characters in the URL.",
+        401: "A bearer token is needed: for writes when the server has STAGEPROF_API_TOKEN, "
+        "for reads too when it closes them.",
         403: "Writes without a token are accepted only from loopback clients.",
         404: "Unknown id.",
         409: "Conflicts with the resource's state.",
@@ -172,7 +174,7 @@ def error_responses(
         503: "The database is unavailable.",
     }
     out: dict[int | str, dict[str, Any]] = {
-        c: {"model": ErrorOut, "description": text[c]} for c in codes
+        c: {"model": ErrorOut, "description": text[c]} for c in sorted({400, 401, *codes})
     }
     out[422] = {"model": ValidationErrorOut, "description": "A field breaks a rule."}
     return out | (extra or {})

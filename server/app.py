@@ -29,8 +29,13 @@ DESCRIPTION = """\
 Pipeline-stage profiling and planning for JAX training, as a service (Alpa's stage
 profiling and stage construction). Store a model (`POST /v1/models`), ask for a plan
 (`POST /v1/plans`, answered `202` with a job), follow the job (`GET /v1/jobs/{id}`) and read
-its plan, cost matrix and profile table. Writes need `Authorization: Bearer <token>` when
-the server has `STAGEPROF_API_TOKEN` set; without it they are accepted only from loopback.
+its plan, cost matrix and profile table; cancel it with `POST /v1/jobs/{id}/cancel`. Writes
+need `Authorization: Bearer <token>` when the server has `STAGEPROF_API_TOKEN` set; without it
+they are accepted only from loopback.
+
+Per-field rules are in the schemas; rules between fields are in each operation's description
+and answered `422` naming the field. A NUL character in any URL is a `400`. `OPTIONS` on a
+path answers `204`, and a `405` carries `Allow` listing every method the path serves.
 """
 
 

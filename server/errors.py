@@ -1,4 +1,4 @@
-"""API errors and their handlers: 400 malformed JSON, 422 field errors, 404, 409, 503.
+"""API errors and their handlers: 400 malformed JSON, 422 field errors, 404, 405, 409, 503.
 
 Bad input never becomes a 500: validation errors name the field path (`loc`, and `field`
 as a dotted path without the leading "body"/"query") and the reason; the request's input
@@ -11,9 +11,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,30 @@ def _api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
 
-def _http_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the request's path is served with, OPTIONS included: each method is
+    tried against all the app's routes (a 405 from the router names only the first route of
+    the path it tried, not the others of the same path)."""
+    methods = {"OPTIONS"}
+    for method in PROBED_METHODS:
+        probe = {**request.scope, "method": method}
+        if any(route.matches(probe)[0] == Match.FULL for route in request.app.router.routes):
+            methods.add(method)
+    return sorted(methods)
+
+
+def _http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+        if request.method == "OPTIONS":
+            return Response(status_code=204, headers=headers)
     return JSONResponse(
-        {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers or None
+        {"detail": exc.detail}, status_code=exc.status_code, headers=headers or None
     )
 
 

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from server.api_models import HealthOut
+from server.api_models import ErrorOut, HealthOut
 from server.deps import SessionDep
 from server.metrics import PROMETHEUS_CONTENT_TYPE
 
@@ -19,7 +19,10 @@ router = APIRouter(tags=["health"])
 @router.get(
     "/healthz",
     response_model=HealthOut,
-    responses={503: {"model": HealthOut, "description": "The database does not answer."}},
+    responses={
+        400: {"model": ErrorOut, "description": "NUL characters in the URL."},
+        503: {"model": HealthOut, "description": "The database does not answer."},
+    },
     summary="Liveness and database check",
 )
 def healthz(request: Request) -> JSONResponse:
@@ -35,7 +38,11 @@ def healthz(request: Request) -> JSONResponse:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}, "description": "Metrics."}},
+    responses={
+        200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}, "description": "Metrics."},
+        400: {"model": ErrorOut, "description": "NUL characters in the URL."},
+        401: {"model": ErrorOut, "description": "Reads need a bearer token on this server."},
+    },
     summary="Prometheus metrics: requests, jobs by status, profiles stored",
 )
 def metrics(request: Request, session: SessionDep) -> Response:

@@ -2,10 +2,10 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy.orm import Session
 
-from schemas import Job, JobStatus, Plan
+from schemas import TEXT_PATTERN, Job, JobStatus, Plan
 from server.api_models import CostMatricesOut, CostMatrixOut, JobList, error_responses
 from server.deps import SessionDep
 from server.errors import Conflict, NotFound
@@ -25,6 +25,10 @@ from store.queries import CostMatrix, cost_matrices, job_num_layers
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_JOBS_PAGE = 200
+JobId = Annotated[str, Path(pattern=TEXT_PATTERN, description="The job's id.")]
+CANCEL_TEXT = """A queued job is cancelled at once; a running one is flagged and its runner stops it
+(the answer shows `cancel_requested: true`). Cancelling a finished job is a 409. The job stays
+readable (`GET /v1/jobs/{job_id}` shows it `cancelled`): cancelling deletes nothing."""
 
 
 def settle_cancelled(request: Request, job_id: str | None = None) -> list[str]:
@@ -46,14 +50,17 @@ def _job_row(session: Session, job_id: str) -> JobRow:
     return row
 
 
-@router.get("", response_model=JobList, summary="List jobs, newest first")
+@router.get(
+    "", response_model=JobList, responses=error_responses(), summary="List jobs, newest first"
+)
 def read_jobs(
     request: Request,
     session: SessionDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_JOBS_PAGE)] = 50,
     before: Annotated[
-        str | None, Query(max_length=64, description="A job id to page after.")
+        str | None,
+        Query(max_length=64, pattern=TEXT_PATTERN, description="A job id to page after."),
     ] = None,
 ) -> JobList:
     settle_cancelled(request)
@@ -72,21 +79,36 @@ def read_jobs(
     responses=error_responses(404),
     summary="A job: status, progress, timings, error",
 )
-def read_job(job_id: str, request: Request, session: SessionDep) -> Job:
+def read_job(job_id: JobId, request: Request, session: SessionDep) -> Job:
     """A cancelled job whose runner is gone reads as `cancelled` once its lease expired."""
     settle_cancelled(request, job_id)
     return job_to_schema(session, _job_row(session, job_id))
 
 
+@router.post(
+    "/{job_id}/cancel",
+    response_model=Job,
+    responses=error_responses(403, 404, 409, 413, 415),
+    summary="Cancel a job",
+    description=CANCEL_TEXT,
+)
+def request_job_cancel(job_id: JobId, session: SessionDep) -> Job:
+    return _cancel(session, job_id)
+
+
 @router.delete(
     "/{job_id}",
     response_model=Job,
-    responses=error_responses(401, 403, 404, 409),
-    summary="Cancel a job",
+    responses=error_responses(403, 404, 409),
+    summary="Cancel a job (the older form of POST /v1/jobs/{job_id}/cancel)",
+    description=CANCEL_TEXT + "\n\nKept for older clients: it cancels, it does not delete.",
+    deprecated=True,
 )
-def cancel_job(job_id: str, session: SessionDep) -> Job:
-    """A queued job is cancelled at once; a running one is flagged and its runner stops it
-    (the answer shows `cancel_requested: true`). Cancelling a finished job is a 409."""
+def cancel_job(job_id: JobId, session: SessionDep) -> Job:
+    return _cancel(session, job_id)
+
+
+def _cancel(session: Session, job_id: str) -> Job:
     row = _job_row(session, job_id)
     if JobStatus(row.status).finished:
         raise Conflict(f"job {job_id} is already {row.status}")
@@ -101,7 +123,7 @@ def cancel_job(job_id: str, session: SessionDep) -> Job:
     responses=error_responses(404, 409),
     summary="The job's plan",
 )
-def read_plan(job_id: str, session: SessionDep) -> Plan:
+def read_plan(job_id: JobId, session: SessionDep) -> Plan:
     """409 until the job is done (and for a failed or cancelled job, with its error)."""
     row = _job_row(session, job_id)
     plan = job_plan(row)
@@ -124,7 +146,7 @@ def _label(m: CostMatrix) -> str:
     summary="Stage cost by (start, end) for each submesh and config (the heatmap)",
 )
 def read_cost_matrix(
-    job_id: str,
+    job_id: JobId,
     session: SessionDep,
     submesh_id: Annotated[
         int | None, Query(ge=0, le=2**31 - 1, description="Only this submesh.")

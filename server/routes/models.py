@@ -2,16 +2,16 @@
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response, status
+from fastapi import APIRouter, Body, Path, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import programs
-from schemas import DTYPE_BYTES, ModelSpec
+from schemas import DTYPE_BYTES, TEXT_PATTERN, ModelSpec
 from server.api_models import LayerInfo, ModelCreated, ModelOut, ModelSummary, error_responses
 from server.checks import program_errors, raise_if, storable_errors
 from server.deps import SessionDep
-from server.errors import Conflict, NotFound
+from server.errors import Conflict, NotFound, field_error
 from server.examples import MODEL_EXAMPLES
 from store import ModelRow, OldModelForm, get_model_row, get_model_spec, list_models, put_model
 from store.queries import layer_jaxprs
@@ -53,8 +53,12 @@ def layer_infos(skeleton: dict[str, Any]) -> list[LayerInfo]:
 
 def store_model(session: Session, spec: ModelSpec) -> tuple[ModelRow, bool]:
     """`put_model` of `spec` keyed by the fingerprints its programs give (call after
-    `program_errors` found none), tolerating a concurrent request that stored it first."""
-    spec = programs.with_fingerprints(spec)
+    `program_errors` found none), tolerating a concurrent request that stored it first.
+    The programs are stored without source locations (the uploader's file paths)."""
+    try:
+        spec = programs.with_fingerprints(programs.without_locations(spec))
+    except ValueError as e:
+        raise_if([field_error(("body", "layers"), str(e))])
     try:
         with session.begin_nested():
             return put_model(session, spec=spec)
@@ -86,7 +90,19 @@ def create_model(
     response: Response,
 ) -> ModelCreated:
     """Store `spec` and return its id and layer fingerprints. Posting an equal spec again
-    returns the same id with `created: false` and status 200."""
+    returns the same id with `created: false` and status 200. The programs are stored without
+    source locations (file paths, function and scope names are stripped).
+
+    Beyond the schema's per-field rules, a spec must meet these rules between fields (a 422
+    naming the field otherwise): names are unique (model inputs, layers, a layer's vars and
+    residuals); each layer input is a model input or an output of an earlier layer, with the
+    same shape and dtype, and no var is produced twice; a parameter shared by layers is
+    declared alike, and never has a var's name; `saved` names the layer's own inputs and
+    outputs; `grad_inputs` lists, in order, its floating inputs that are not model inputs;
+    `logical_axes` has one entry per dim of `shape`; `loss` is a scalar output of the last
+    layer; a layer has at most 4096 vars and the programs at most 512 MiB in all; each
+    program is `jax.export` bytes whose arguments and results match the layer's vars; a
+    stated `fingerprint` is the one its programs give (leave it empty)."""
     check_model(spec, ("body",))
     row, created = store_model(session, spec)
     if not created:
@@ -101,7 +117,12 @@ def create_model(
     )
 
 
-@router.get("", response_model=list[ModelSummary], summary="List stored models, newest first")
+@router.get(
+    "",
+    response_model=list[ModelSummary],
+    responses=error_responses(),
+    summary="List stored models, newest first",
+)
 def read_models(
     session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> list[ModelSummary]:
@@ -118,7 +139,7 @@ def read_models(
     summary="A stored model: layers, fingerprints and its spec",
 )
 def read_model(
-    model_id: str,
+    model_id: Annotated[str, Path(pattern=TEXT_PATTERN, description="The model's id.")],
     session: SessionDep,
     programs: Annotated[
         bool, Query(description="Include the layers' serialized programs (can be large).")

@@ -10,9 +10,9 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
-from schemas import StageProfileResult, StrategyName
+from schemas import TEXT_PATTERN, StageProfileResult, StrategyName
 from server.api_models import ProfilePageOut, ProfileRowOut, error_responses
 from server.checks import raise_if
 from server.deps import SessionDep
@@ -45,6 +45,8 @@ StatusParam = Literal[
 MAX_INT = 2**31 - 1
 MAX_BIG = 2**63 - 1
 CSV_TYPE = "text/csv"
+# What encode_cursor writes: unpadded URL-safe base64.
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
 
 
 def encode_cursor(sort: ProfileSort, cursor: PageCursor) -> str:
@@ -140,8 +142,8 @@ IntParam = Annotated[int | None, Query(ge=0, le=MAX_INT)]
 def read_profiles(
     request: Request,
     session: SessionDep,
-    model_id: Annotated[str | None, Query(max_length=64)] = None,
-    job_id: Annotated[str | None, Query(max_length=64)] = None,
+    model_id: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
+    job_id: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
     start_min: Annotated[
         int | None, Query(ge=0, le=MAX_INT, description="Only stages with start >= this.")
     ] = None,
@@ -156,13 +158,20 @@ def read_profiles(
     ] = None,
     num_devices: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
     strategy: StrategyName | None = None,
-    fingerprint: Annotated[str | None, Query(max_length=64)] = None,
+    fingerprint: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
     sort: Annotated[
         SortParam, Query(description="Sort key; '-' for descending. Nulls always last.")
     ] = "compute_cost",
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 100,
     cursor: Annotated[
-        str | None, Query(max_length=512, description="next_cursor of the previous page.")
+        str | None,
+        Query(
+            max_length=512,
+            pattern=CURSOR_PATTERN,
+            description="The `next_cursor` (or `X-Next-Cursor`) of the previous page, for the "
+            "same `sort`: an opaque token (URL-safe base64) made by this API; any other value "
+            "is a 422.",
+        ),
     ] = None,
     format: Annotated[
         Literal["json", "csv"] | None, Query(description="Or send Accept: text/csv.")
@@ -170,7 +179,10 @@ def read_profiles(
 ) -> Any:
     """Filter by model, job, layer range (`start_min`, `end_max`), submesh, config, status,
     devices, strategy or fingerprint; sort by cost, memory, start or time; page with the
-    opaque `next_cursor` (in JSON, or the `X-Next-Cursor` header of CSV)."""
+    opaque `next_cursor` (in JSON, or the `X-Next-Cursor` header of CSV).
+
+    The rules between fields: `end_max >= start_min`; a `cursor` is one this API returned
+    for the same `sort` (422 otherwise)."""
     if start_min is not None and end_max is not None and start_min > end_max:
         raise_if([field_error(("query", "end_max"), "must be >= start_min")])
     order = ProfileSort.parse(sort)
@@ -211,7 +223,10 @@ def read_profiles(
     responses=error_responses(404),
     summary="One stored stage measurement, in full",
 )
-def read_profile(fingerprint: str, session: SessionDep) -> StageProfileResult:
+def read_profile(
+    fingerprint: Annotated[str, Path(pattern=TEXT_PATTERN, description="A stage fingerprint.")],
+    session: SessionDep,
+) -> StageProfileResult:
     row = get_profile(session, fingerprint=fingerprint)
     if row is None:
         raise NotFound(f"no profile with fingerprint {fingerprint!r}")

@@ -64,14 +64,14 @@ def test_cancel_queued_running_and_finished(
     api: httpx.Client, db: sessionmaker[Session], row_counts: RowCounts
 ) -> None:
     queued = queued_job(db)
-    r = api.delete(f"/v1/jobs/{queued}")
+    r = api.post(f"/v1/jobs/{queued}/cancel")
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
     running = seed_job(db, num_layers=2, finished=False, salt="run").job_id
-    r = api.delete(f"/v1/jobs/{running}")
+    r = api.delete(f"/v1/jobs/{running}")  # the older form still cancels
     assert r.status_code == 200
     assert r.json()["status"] == "profiling" and r.json()["cancel_requested"] is True
     before = row_counts()
-    r = api.delete(f"/v1/jobs/{queued}")
+    r = api.post(f"/v1/jobs/{queued}/cancel")
     assert r.status_code == 409 and "cancelled" in r.json()["detail"]
     assert api.get(f"/v1/jobs/{queued}").json()["status"] == "cancelled"
     assert row_counts() == before
