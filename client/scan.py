@@ -61,9 +61,7 @@ class Unstacked:
     consts: list[Any] = field(default_factory=list)
 
 
-def unstack_scans(
-    eqns: Sequence[Any], outvars: Sequence[Any], params: dict[Any, str]
-) -> Unstacked:
+def unstack_scans(eqns: Sequence[Any], outvars: Sequence[Any], params: dict[Any, str]) -> Unstacked:
     """Unroll every scan over stacked parameters in `eqns` (see the module doc).
 
     `params`: the top-level parameter vars and their names. Raises `ValueError` naming the

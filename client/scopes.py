@@ -173,7 +173,8 @@ def level_segments(paths: Sequence[ScopePath], level: Level) -> list[tuple[str, 
 
 def _segment_name(key: ScopePath, paths: Sequence[ScopePath], depth: int, skip: int) -> str:
     if len(key) > 1:
-        return "/".join(key[skip:])
+        # A bare index (a scan's iteration `blocks/3` at the top level) keeps its parent.
+        return "/".join(key[skip - int(key[-1].isdigit() and len(key) - skip == 1) :])
     for p in paths:
         if p[:1] == key and len(p) > 1 and depth > 1:
             return "/".join(p[skip:depth])
