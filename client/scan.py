@@ -270,11 +270,23 @@ def _views_fn(views: Sequence[tuple[Any, dict[str, Any], Any]], axis: int) -> An
                 params = {**params, "new_sizes": tuple(sizes)}
             else:
                 b = a
-            x = prim.bind(x, **params)
             a = b
+            if _no_op(prim.name, params, x):  # e.g. the transpose that moved the layer axis
+                continue
+            x = prim.bind(x, **params)
         return x
 
     return fn
+
+
+def _no_op(name: str, params: dict[str, Any], x: Any) -> bool:
+    if name == "transpose":
+        return tuple(params["permutation"]) == tuple(range(len(params["permutation"])))
+    if name == "reshape":
+        return tuple(params["new_sizes"]) == tuple(x.shape)
+    if name == "convert_element_type":
+        return params["new_dtype"] == x.dtype
+    return False
 
 
 def _reshaped_axis(
