@@ -59,6 +59,25 @@ class Unstacked:
     slices: list[Slice] = field(default_factory=list)
     constvars: list[Any] = field(default_factory=list)  # consts the scan bodies closed over
     consts: list[Any] = field(default_factory=list)
+    # id(eqn) -> (scan, position in the body) for the equations of an iteration
+    tags: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def template(self, eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Any:
+        """A key equal for slices of iterations of one scan that are the same computation
+        (same body positions, same wiring), or None when `eqns` are not all iterations'."""
+        tags = tuple(self.tags.get(id(e)) for e in eqns)
+        if not tags or None in tags:
+            return None
+        number: dict[Any, int] = {}
+
+        def num(a: Any) -> Any:
+            return number.setdefault(a, len(number)) if isinstance(a, core.Var) else None
+
+        wiring = [num(v) for v in invars]
+        for e in eqns:
+            wiring += [num(v) for v in e.invars] + [num(v) for v in e.outvars]
+        wiring += [num(v) for v in outvars]
+        return tags, tuple(wiring)
 
 
 def unstack_scans(eqns: Sequence[Any], outvars: Sequence[Any], params: dict[Any, str]) -> Unstacked:
@@ -78,7 +97,7 @@ def unstack_scans(eqns: Sequence[Any], outvars: Sequence[Any], params: dict[Any,
                 f"parameter {params[s.stacked]!r} is scanned over as a stack of layers and "
                 "also used outside the scan; a stacked parameter must only feed its scan"
             )
-    return Unstacked(eqns, out, state.slices, state.constvars, state.consts)
+    return Unstacked(eqns, out, state.slices, state.constvars, state.consts, state.tags)
 
 
 class _Unroller:
@@ -91,6 +110,7 @@ class _Unroller:
         self.constvars: list[Any] = []
         self.consts: list[Any] = []
         self.scans = 0
+        self.tags: dict[int, tuple[int, int]] = {}
         self.final = set(outvars)
 
     def sub(self, atom: Any) -> Any:
@@ -101,7 +121,7 @@ class _Unroller:
         for eqn in eqns:
             eqn = eqn.replace(invars=[self.sub(v) for v in eqn.invars])
             name = eqn.primitive.name
-            if name in _VIEWS and eqn.invars and eqn.invars[0] in self.origin:
+            if name in _VIEWS and eqn.invars and self._is_param(eqn.invars[0]):
                 self._view(eqn)
                 self.out.append(eqn)
             elif name == "scan" and self._stacked_xs(eqn):
@@ -125,6 +145,9 @@ class _Unroller:
             else:
                 self.out.append(eqn)
 
+    def _is_param(self, v: Any) -> bool:
+        return isinstance(v, core.Var) and v in self.origin
+
     def _view(self, eqn: Any) -> None:
         src = self.origin[eqn.invars[0]]
         views = (*src.views, (eqn.primitive, dict(eqn.params), eqn.invars[0].aval))
@@ -144,7 +167,7 @@ class _Unroller:
         return None if axis is None else _Origin(o.param, o.views, axis)
 
     def _holds_scan(self, eqn: Any) -> bool:
-        return any(v in self.origin for v in eqn.invars) and _has_scan(_body(eqn))
+        return any(self._is_param(v) for v in eqn.invars) and _has_scan(_body(eqn))
 
     def _unroll(self, eqn: Any, remat: dict[str, Any] | None, uses: set[Any]) -> None:
         p = eqn.params
@@ -171,11 +194,13 @@ class _Unroller:
         if remat is not None and body.consts:
             raise ValueError(f"{where} closes over constants inside jax.checkpoint: unsupported")
         bconsts = self._body_consts(body)
+        views = [self._views_jaxpr(o) for o in origins]
         stack = eqn.source_info.name_stack.extend(label)
         for k in range(length):
             i = length - 1 - k if p["reverse"] else k
             info = eqn.source_info.replace(name_stack=stack.extend(str(i)))
-            sliced = [self._slice(o, i, info) for o in origins]
+            first = len(self.out)
+            sliced = [self._slice(o, v, i, info) for o, v in zip(origins, views, strict=True)]
             args = [*consts, *carry, *sliced]
             if remat is None:
                 inner = _renamed(body.jaxpr, [*bconsts, *args], info.name_stack, self)
@@ -194,6 +219,8 @@ class _Unroller:
                     )
                 )
             carry = results[:n_k]
+            for j, e in enumerate(self.out[first:]):
+                self.tags[id(e)] = (self.scans, j)
         for outer, v in zip(eqn.outvars[:n_k], carry, strict=True):
             self.subst[outer] = v
 
@@ -206,21 +233,23 @@ class _Unroller:
             fresh.append(var)
         return fresh
 
-    def _slice(self, o: _Origin | None, i: int, info: Any) -> Any:
+    def _views_jaxpr(self, o: _Origin | None) -> Any:
+        """The views applied to one slice (the layer axis taken out), as a jaxpr, or None."""
+        assert o is not None
+        if not o.views:
+            return None
+        shape = slice_shape(o.param.aval.shape, o.axis)
+        struct = jax.ShapeDtypeStruct(shape, o.param.aval.dtype)
+        return jax.make_jaxpr(_views_fn(o.views, o.axis))(struct).jaxpr
+
+    def _slice(self, o: _Origin | None, views: Any, i: int, info: Any) -> Any:
         assert o is not None
         stacked = o.param
-        shape = list(stacked.aval.shape)
-        axis = o.axis
-        del shape[axis]
-        var = core.Var(stacked.aval.update(shape=tuple(shape)))
-        name = f"{self.params[stacked]}[{i}]"
-        self.slices.append(Slice(var, stacked, name, axis, i))
-        if not o.views:
+        var = core.Var(stacked.aval.update(shape=slice_shape(stacked.aval.shape, o.axis)))
+        self.slices.append(Slice(var, stacked, f"{self.params[stacked]}[{i}]", o.axis, i))
+        if views is None:
             return var
-        # Apply the views to the slice: each with the layer axis taken out.
-        fn = _views_fn(o.views, axis)
-        closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(tuple(shape), stacked.aval.dtype))
-        inner = _renamed(closed.jaxpr, [var], info.name_stack, self)
+        inner = _renamed(views, [var], info.name_stack, self)
         self.out.extend(inner.eqns)
         return inner.outvars[0]
 

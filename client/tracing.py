@@ -15,7 +15,7 @@ from client.fingerprint import export_key
 from client.flax_scopes import module_scopes
 from client.flops import eqn_flops
 from client.layers import clean_name, inline_scoped_calls
-from client.scan import unstack_scans
+from client.scan import Unstacked, unstack_scans
 from client.scopes import choose_level, inside_scopes, level_segments, scope_paths
 from programs import layer_fingerprint
 from schemas import DTYPE_BYTES, FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
@@ -174,6 +174,7 @@ def trace(
     taken = set(param_names) | set(batch_names)
     layer_specs: list[LayerSpec] = []
     programs: dict[str, LayerPrograms] = {}
+    texts: dict[Any, str] = {}  # a scan's iterations: one retrace for all
     for s, (_, lo, hi) in enumerate(segments):
         layer_specs.append(
             _build_layer(
@@ -187,6 +188,7 @@ def trace(
                 axes,
                 sum(flops[lo:hi]),
                 programs,
+                (unstacked, texts),
             )
         )
     inputs = [_spec(v, info[v].name) for v in jaxpr.invars[len(param_names) :]]
@@ -210,6 +212,7 @@ def _build_layer(
     axes: Mapping[str, tuple[str | None, ...] | None],
     flops: float,
     programs: dict[str, LayerPrograms],
+    scans: tuple[Unstacked, dict[Any, str]],
 ) -> LayerSpec:
     """One `LayerSpec` from a slice of equations; names its outputs and exports its program."""
     param_vars, const_vars, input_vars, output_vars = [], [], [], []
@@ -262,7 +265,14 @@ def _build_layer(
     ]
     inputs = [_spec(v, info[v].name) for v in input_vars]
     outputs = [_spec(v, info[v].name) for v in output_vars]
-    text = layer_text(closed)
+    unstacked, texts = scans
+    template = unstacked.template(eqns, param_vars + input_vars, output_vars)
+    if template is None or template not in texts:
+        text = layer_text(closed)
+        if template is not None:
+            texts[template] = text
+    else:
+        text = texts[template]
     batch = {info[v].name for v in input_vars if info[v].kind == "input"}
     grad_inputs = [v.name for v in inputs if v.dtype in FLOAT_DTYPES and v.name not in batch]
     key = export_key(text, params, inputs, outputs, grad_inputs)

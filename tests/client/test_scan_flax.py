@@ -1,6 +1,12 @@
 """Flax layer stacks written with scans (linen `nn.scan`, NNX `nnx.vmap` + `nnx.scan`) trace
 into one layer per block, as their unrolled versions do."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -150,3 +156,38 @@ def test_nnx_vmap_and_scan_blocks_are_layers() -> None:
     assert len({layer.fingerprint for layer in spec.layers[1:-1]}) == 1
     stacked = {p.name.split("[")[0]: 0 for p in spec.layers[1].params}
     assert_roundtrip(spec, loss, params, batch, cuts=(2, 3), stacked=stacked)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_maxtext_decoder_example_plans_through_stageprof_plan(tmp_path: Path) -> None:
+    """examples/maxtext_decoder.py traces a scanned decoder; `stageprof plan --model` plans it."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, STAGEPROF_DATABASE_URL=f"sqlite:///{tmp_path / 'plan.db'}")
+    env.pop("RAY_ADDRESS", None)
+    spec_path = tmp_path / "spec.json"
+    example = [str(root / "examples" / "maxtext_decoder.py"), "--layers", "2", "--hidden", "32"]
+    traced = subprocess.run(
+        [sys.executable, *example, "--trace-only", "--spec", str(spec_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    assert [line.split()[1] for line in traced.stdout.splitlines()[1:3]] == ["layers/0", "layers/1"]
+    fast = ["--config-space", "data_parallel_only", "--strategies", "data", "--repeats", "2"]
+    planned = subprocess.run(
+        [sys.executable, "-m", "cli", "plan", "--model", str(spec_path), *fast]
+        + ["--hosts", "1", "--devices-per-host", "2", "--micro-batches", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=env,
+        cwd=root,
+    )
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    stages = json.loads(planned.stdout.strip().splitlines()[-1])["plan"]["stages"]
+    assert stages[0]["start"] == 0 and stages[-1]["end"] == 3
+    names = [n for stage in stages for n in stage["layer_names"]]
+    assert names == ["token_embedder", "layers/0", "layers/1", "decoder_norm"]
