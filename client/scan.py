@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 from jax.extend import core
 
 _CALLS = ("jit", "pjit", "closed_call", "core_call")
@@ -415,8 +414,3 @@ def _remat_p() -> Any:
 def slice_shape(shape: Sequence[int], axis: int) -> tuple[int, ...]:
     """A stacked parameter's shape without its layer axis."""
     return tuple(int(d) for k, d in enumerate(shape) if k != axis)
-
-
-def stacked_value(value: Any, axis: int, index: int) -> np.ndarray:
-    """Slice `index` of a stacked parameter's value along its layer axis."""
-    return np.take(np.asarray(value), index, axis=axis)

@@ -194,19 +194,3 @@ def inside_scopes(paths: Sequence[ScopePath], depth: int) -> np.ndarray:
             inside[last + 1 : i + 1] = True
         current, last = p[:depth], i
     return inside
-
-
-def stacked_scan(eqns: Sequence[Any], paths: Sequence[ScopePath], params: set[Any]) -> str | None:
-    """A description of the first `scan` over stacked parameters whose body runs modules
-    (`nn.scan` / `nnx.scan` blocks), or None."""
-    for eqn, path in zip(eqns, paths, strict=True):
-        if eqn.primitive.name != "scan":
-            continue
-        xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"] :]
-        body = _body(eqn)
-        if not any(v in params for v in xs if isinstance(v, core.Var)) or body is None:
-            continue
-        if any(scope_paths(body.eqns)):
-            where = "/".join(path) or "the top level"
-            return f"a scan of length {eqn.params['length']} at {where}"
-    return None

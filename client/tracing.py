@@ -174,7 +174,7 @@ def trace(
     taken = set(param_names) | set(batch_names)
     layer_specs: list[LayerSpec] = []
     programs: dict[str, LayerPrograms] = {}
-    texts: dict[Any, str] = {}  # a scan's iterations: one retrace for all
+    texts: dict[Any, tuple[str, str]] = {}  # a scan's iterations: one retrace for all
     for s, (_, lo, hi) in enumerate(segments):
         layer_specs.append(
             _build_layer(
@@ -212,7 +212,7 @@ def _build_layer(
     axes: Mapping[str, tuple[str | None, ...] | None],
     flops: float,
     programs: dict[str, LayerPrograms],
-    scans: tuple[Unstacked, dict[Any, str]],
+    scans: tuple[Unstacked, dict[Any, tuple[str, str]]],
 ) -> LayerSpec:
     """One `LayerSpec` from a slice of equations; names its outputs and exports its program."""
     param_vars, const_vars, input_vars, output_vars = [], [], [], []
@@ -265,17 +265,19 @@ def _build_layer(
     ]
     inputs = [_spec(v, info[v].name) for v in input_vars]
     outputs = [_spec(v, info[v].name) for v in output_vars]
-    unstacked, texts = scans
-    template = unstacked.template(eqns, param_vars + input_vars, output_vars)
-    if template is None or template not in texts:
-        text = layer_text(closed)
-        if template is not None:
-            texts[template] = text
-    else:
-        text = texts[template]
     batch = {info[v].name for v in input_vars if info[v].kind == "input"}
     grad_inputs = [v.name for v in inputs if v.dtype in FLOAT_DTYPES and v.name not in batch]
-    key = export_key(text, params, inputs, outputs, grad_inputs)
+    unstacked, texts = scans
+    template = unstacked.template(eqns, param_vars + input_vars, output_vars)
+    if template is not None:  # iterations of one scan: the same text and export key
+        template = (template, tuple(info[v].kind for v in input_vars), _vars_key(params))
+    if template is None or template not in texts:
+        text = layer_text(closed)
+        key = export_key(text, params, inputs, outputs, grad_inputs)
+        if template is not None:
+            texts[template] = (text, key)
+    else:
+        text, key = texts[template]
     if key not in programs:
         programs[key] = export_layer(closed, params, inputs, outputs, no_grad=batch)
     else:
@@ -296,6 +298,10 @@ def _build_layer(
         flops=flops,
     )
     return layer.model_copy(update={"fingerprint": layer_fingerprint(layer)})
+
+
+def _vars_key(params: list[ParamSpec]) -> tuple:
+    return tuple((p.shape, p.dtype, p.logical_axes) for p in params)
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import client
@@ -208,3 +209,24 @@ def test_unsupported_scans_are_clear_errors() -> None:
     )
     with pytest.raises(ValueError, match="inside a custom_vjp.*cannot be layers"):
         client.trace(lambda p, b: jnp.mean(stack(b["x"], p["blocks"])), params, batch)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_apply_grad_updates_slices_as_the_stacked_parameter(optimizer: str) -> None:
+    """Slices are separate parameters of the apply_grad module: the optimizer's update of each
+    slice equals the slice of the stacked parameter's update."""
+    from workers.measure.stage_modules import OPTIMIZERS
+
+    stacked = make_params(stacked=True)["blocks"]["w"]
+    grads = [jnp.sin(stacked + t) for t in range(3)]
+    opt = OPTIMIZERS[optimizer]()
+    whole, whole_state = stacked, opt.init(stacked)
+    parts = [stacked[i] for i in range(L)]
+    parts_state = opt.init(parts)
+    for g in grads:
+        update, whole_state = opt.update(g, whole_state, whole)
+        whole = whole + update
+        updates, parts_state = opt.update([g[i] for i in range(L)], parts_state, parts)
+        parts = [p + u for p, u in zip(parts, updates, strict=True)]
+    for i in range(L):
+        np.testing.assert_allclose(parts[i], whole[i], rtol=1e-6, atol=1e-7)
