@@ -292,8 +292,9 @@ def _views_fn(views: Sequence[tuple[Any, dict[str, Any], Any]], axis: int) -> An
                 params = {**params, "permutation": tuple(q - (q > a) for q in perm if q != a)}
             elif prim.name == "reshape":
                 sizes = list(params["new_sizes"])
-                b = _reshaped_axis(aval.shape, sizes, a, params)
-                assert b is not None
+                moved = _reshaped_axis(aval.shape, sizes, a, params)
+                assert moved is not None
+                b = moved
                 del sizes[b]
                 params = {**params, "new_sizes": tuple(sizes)}
             else:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import client
+import programs
 from tests.client.helpers import assert_roundtrip
 
 D, L, B = 16, 4, 2  # hidden, blocks, batch
@@ -230,3 +231,9 @@ def test_apply_grad_updates_slices_as_the_stacked_parameter(optimizer: str) -> N
         parts = [p + u for p, u in zip(parts, updates, strict=True)]
     for i in range(L):
         np.testing.assert_allclose(parts[i], whole[i], rtol=1e-6, atol=1e-7)
+
+
+def test_the_servers_program_checks_accept_a_scanned_spec(scanned) -> None:
+    spec, _ = scanned
+    assert programs.check_programs(spec) == []
+    assert programs.verified(spec).layers == spec.layers  # fingerprints are the programs' own
