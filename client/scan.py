@@ -166,7 +166,8 @@ class _Unroller:
         return None if axis is None else _Origin(o.param, o.views, axis)
 
     def _holds_scan(self, eqn: Any) -> bool:
-        return any(self._is_param(v) for v in eqn.invars) and _has_scan(_body(eqn))
+        mask = [self._is_param(v) for v in eqn.invars]
+        return any(mask) and _scans_params(_body(eqn), mask)
 
     def _unroll(self, eqn: Any, remat: dict[str, Any] | None, uses: set[Any]) -> None:
         p = eqn.params
@@ -382,11 +383,21 @@ def _body(eqn: Any) -> Any:
     return None
 
 
-def _has_scan(jaxpr: Any) -> bool:
-    if jaxpr is None:
+def _scans_params(jaxpr: Any, mask: Sequence[bool]) -> bool:
+    """Whether `jaxpr` (its invars where `mask` is set being parameters) holds, at any depth of
+    calls, a scan whose xs are parameters seen through views."""
+    if jaxpr is None or len(mask) != len(jaxpr.invars):
         return False
+    params = {v for v, m in zip(jaxpr.invars, mask, strict=True) if m}
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "scan" or _has_scan(_body(eqn)):
+        ins = [isinstance(v, core.Var) and v in params for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in _VIEWS and ins and ins[0]:
+            params.add(eqn.outvars[0])
+        elif name == "scan":
+            if any(ins[eqn.params["num_consts"] + eqn.params["num_carry"] :]):
+                return True
+        elif any(ins) and _scans_params(_body(eqn), ins):
             return True
     return False
 

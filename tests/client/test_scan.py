@@ -166,9 +166,14 @@ def test_a_remat_body_stashes_what_vjp_of_the_checkpointed_block_keeps() -> None
 
 def test_a_scan_over_time_stays_inside_its_layer() -> None:
     def loss(p: dict, b: dict) -> jax.Array:
-        with client.layer("rnn"):
-            step = lambda h, x_t: (jnp.tanh(h @ p["w"] + x_t), None)  # noqa: E731
-            h, _ = jax.lax.scan(step, jnp.zeros((D,)), b["x"])
+        with client.layer("rnn"):  # a remat'd loop over time, the weights closed over
+
+            @jax.checkpoint
+            def rnn(w: jax.Array, xs: jax.Array) -> jax.Array:
+                step = lambda h, x_t: (jnp.tanh(h @ w + x_t), None)  # noqa: E731
+                return jax.lax.scan(step, jnp.zeros((D,)), xs)[0]
+
+            h = rnn(p["w"], b["x"])
         with client.layer("head"):
             return jnp.sum(h * p["v"])
 
@@ -177,6 +182,7 @@ def test_a_scan_over_time_stays_inside_its_layer() -> None:
     spec = client.trace(loss, params, batch)
     assert [layer.name for layer in spec.layers] == ["rnn", "head"]
     assert "scan" in spec.layers[0].jaxpr
+    assert "remat" in spec.layers[0].jaxpr or "checkpoint" in spec.layers[0].jaxpr
     assert_roundtrip(spec, loss, params, batch)
 
 
