@@ -118,12 +118,13 @@ def test_scope_patterns_name_the_scan(scanned) -> None:
     assert_roundtrip(whole, scanned_loss, params, BATCH, stacked=STACKED)
 
 
-@pytest.mark.parametrize("wrap", ["jit", "checkpoint"])
+@pytest.mark.parametrize("wrap", ["jit", "checkpoint", "reverse"])
 def test_scans_inside_jit_and_checkpoint_are_found(wrap: str) -> None:
     def stack(x: jax.Array, blocks: dict) -> jax.Array:
-        return jax.lax.scan(lambda h, q: (block(h, q), None), x, blocks)[0]
+        body = lambda h, q: (block(h, q), None)  # noqa: E731
+        return jax.lax.scan(body, x, blocks, reverse=wrap == "reverse")[0]
 
-    wrapped = jax.jit(stack) if wrap == "jit" else jax.checkpoint(stack)
+    wrapped = {"jit": jax.jit(stack), "checkpoint": jax.checkpoint(stack)}.get(wrap, stack)
 
     def loss(p: dict, b: dict) -> jax.Array:
         with client.layer("embed"):
@@ -132,7 +133,8 @@ def test_scans_inside_jit_and_checkpoint_are_found(wrap: str) -> None:
 
     params = make_params(stacked=True)
     spec = client.trace(loss, params, BATCH)
-    assert [layer.name for layer in spec.layers][1:-1] == [f"blocks/{i}" for i in range(L)]
+    order = range(L - 1, -1, -1) if wrap == "reverse" else range(L)
+    assert [layer.name for layer in spec.layers][1:-1] == [f"blocks/{i}" for i in order]
     if wrap == "checkpoint":  # each iteration is checkpointed as the whole scan was
         assert "remat" in spec.layers[1].jaxpr or "checkpoint" in spec.layers[1].jaxpr
     assert_roundtrip(spec, loss, params, BATCH, cuts=(3,), stacked=STACKED)
