@@ -171,7 +171,7 @@ def trace(
                     info[v] = _Var("act", index=s)
     info[loss_var].uses.add(len(segments))
 
-    taken = set(param_names) | set(batch_names)
+    taken = set(param_names) | set(batch_names) | {piece.name for piece in unstacked.slices}
     layer_specs: list[LayerSpec] = []
     programs: dict[str, LayerPrograms] = {}
     texts: dict[Any, tuple[str, str]] = {}  # a scan's iterations: one retrace for all
