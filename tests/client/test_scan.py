@@ -115,7 +115,6 @@ def test_scope_patterns_name_the_scan(scanned) -> None:
     assert len(whole.layers[1].params) == 2 * L
     each = client.trace(scanned_loss, params, BATCH, scopes="blocks/*")
     assert [layer.name for layer in each.layers][1:3] == ["blocks/0", "blocks/1"]
-    assert_roundtrip(whole, scanned_loss, params, BATCH, stacked=STACKED)
 
 
 @pytest.mark.parametrize("wrap", ["jit", "checkpoint", "reverse"])
@@ -163,7 +162,6 @@ def test_a_remat_body_stashes_what_vjp_of_the_checkpointed_block_keeps() -> None
     layer = spec.layers[1]
     assert sorted(tuple(r.shape) for r in layer.residuals) == want
     assert want  # the policy saves the dot: something is stashed
-    assert_roundtrip(spec, loss, params, BATCH, cuts=(2,), stacked=STACKED)
 
 
 def test_a_scan_over_time_stays_inside_its_layer() -> None:
@@ -185,7 +183,6 @@ def test_a_scan_over_time_stays_inside_its_layer() -> None:
     assert [layer.name for layer in spec.layers] == ["rnn", "head"]
     assert "scan" in spec.layers[0].jaxpr
     assert "remat" in spec.layers[0].jaxpr or "checkpoint" in spec.layers[0].jaxpr
-    assert_roundtrip(spec, loss, params, batch)
 
 
 def _scan_loss(body, xs_extra=None):  # noqa: ANN001, ANN202
