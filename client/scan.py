@@ -96,7 +96,8 @@ def unstack_scans(eqns: Sequence[Any], outvars: Sequence[Any], params: dict[Any,
                 f"parameter {params[s.stacked]!r} is scanned over as a stack of layers and "
                 "also used outside the scan; a stacked parameter must only feed its scan"
             )
-    return Unstacked(eqns, out, state.slices, state.constvars, state.consts, state.tags)
+    tags = {id(e): state.tags[id(e)] for e in eqns if id(e) in state.tags}
+    return Unstacked(eqns, out, state.slices, state.constvars, state.consts, tags)
 
 
 class _Unroller:
