@@ -173,7 +173,8 @@ def level_segments(paths: Sequence[ScopePath], level: Level) -> list[tuple[str, 
 
 def _segment_name(key: ScopePath, paths: Sequence[ScopePath], depth: int, skip: int) -> str:
     if len(key) > 1:
-        return "/".join(key[skip:])
+        # A bare index (a scan's iteration `blocks/3` at the top level) keeps its parent.
+        return "/".join(key[skip - int(key[-1].isdigit() and len(key) - skip == 1) :])
     for p in paths:
         if p[:1] == key and len(p) > 1 and depth > 1:
             return "/".join(p[skip:depth])
@@ -193,19 +194,3 @@ def inside_scopes(paths: Sequence[ScopePath], depth: int) -> np.ndarray:
             inside[last + 1 : i + 1] = True
         current, last = p[:depth], i
     return inside
-
-
-def stacked_scan(eqns: Sequence[Any], paths: Sequence[ScopePath], params: set[Any]) -> str | None:
-    """A description of the first `scan` over stacked parameters whose body runs modules
-    (`nn.scan` / `nnx.scan` blocks), or None."""
-    for eqn, path in zip(eqns, paths, strict=True):
-        if eqn.primitive.name != "scan":
-            continue
-        xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"] :]
-        body = _body(eqn)
-        if not any(v in params for v in xs if isinstance(v, core.Var)) or body is None:
-            continue
-        if any(scope_paths(body.eqns)):
-            where = "/".join(path) or "the top level"
-            return f"a scan of length {eqn.params['length']} at {where}"
-    return None

@@ -15,7 +15,8 @@ from client.fingerprint import export_key
 from client.flax_scopes import module_scopes
 from client.flops import eqn_flops
 from client.layers import clean_name, inline_scoped_calls
-from client.scopes import choose_level, inside_scopes, level_segments, scope_paths, stacked_scan
+from client.scan import Unstacked, unstack_scans
+from client.scopes import choose_level, inside_scopes, level_segments, scope_paths
 from programs import layer_fingerprint
 from schemas import DTYPE_BYTES, FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
 
@@ -48,6 +49,7 @@ class _Var:
     kind: str  # "param", "input", "const" or "act"
     name: str = ""
     index: int = 0  # param index, const index, or producing segment
+    sub: int = 0  # a stacked parameter's slice: which one
     uses: set[int] = field(default_factory=set)  # segments that read it
 
 
@@ -91,7 +93,9 @@ def trace(
     - a glob pattern, e.g. `"h_*"` or `"transformer/h_*"` (`*` stays within one scope name;
       it may match the end of a scope path): the matching scopes are the layers.
     - an int: every scope that many levels down is a layer (`1`: each top-level scope).
-    Blocks stacked by `nn.scan` / `nnx.scan` cannot be cut: unroll them (a Python loop).
+    A scan over stacked parameters (`jax.lax.scan`, `nn.scan`, `nnx.scan`) is a stack of
+    layers: iteration `i` runs under the scope `<module>/<i>` (e.g. `layers/3`) and reads its
+    slices of the stacked parameters, named `<name>[i]` (see `client.scan`).
 
     With `layers=N` the equations are clustered into N layers by FLOPs; when the chosen level
     is below the top (a model of modules), cuts fall only between its scopes.
@@ -119,8 +123,11 @@ def trace(
     jaxpr = closed.jaxpr
     if len(jaxpr.outvars) != 1 or jaxpr.outvars[0].aval.shape != ():
         raise ValueError(f"loss_fn must return one scalar, got {jaxpr.outvars}")
-    all_eqns, (loss_var,) = inline_scoped_calls(jaxpr.eqns, jaxpr.outvars)
-    eqns = _dce(all_eqns, [loss_var])
+    all_eqns, outvars = inline_scoped_calls(jaxpr.eqns, jaxpr.outvars)
+    param_vars = jaxpr.invars[: len(param_names)]
+    unstacked = unstack_scans(all_eqns, outvars, dict(zip(param_vars, param_names, strict=True)))
+    (loss_var,) = unstacked.outvars
+    eqns = _dce(unstacked.eqns, [loss_var])
     if not isinstance(loss_var, core.Var) or not any(loss_var in e.outvars for e in eqns):
         raise ValueError("the loss must be computed from params and batch, not a constant")
 
@@ -129,8 +136,15 @@ def trace(
         info[v] = _Var("param", param_names[i], i)
     for v, key in zip(jaxpr.invars[len(param_names) :], batch_names, strict=True):
         info[v] = _Var("input", key)
-    for i, v in enumerate(jaxpr.constvars):
+    consts = [*closed.consts, *unstacked.consts]
+    for i, v in enumerate([*jaxpr.constvars, *unstacked.constvars]):
         info[v] = _Var("const", f"const{i}", i)
+    index = {v: i for i, v in enumerate(param_vars)}
+    for piece in unstacked.slices:
+        info[piece.var] = _Var("param", piece.name, index[piece.stacked], piece.index)
+        stacked_axes = axes.get(param_names[index[piece.stacked]])
+        if stacked_axes is not None and len(stacked_axes) == len(piece.stacked.aval.shape):
+            axes[piece.name] = tuple(a for k, a in enumerate(stacked_axes) if k != piece.axis)
 
     def can_cross(v: Any) -> bool:
         return _dtype_name(v.aval) in DTYPE_BYTES and all(d >= 1 for d in v.aval.shape)
@@ -140,13 +154,6 @@ def trace(
     level = choose_level(paths, flops, scopes)
     if layers is None:
         segments = level_segments(paths, level)
-        scan = stacked_scan(eqns, paths, set(jaxpr.invars[: len(param_names)]))
-        if scopes is None and len(segments) == 1 and scan:
-            raise ValueError(
-                f"the model runs its blocks in {scan} over stacked parameters; layers inside "
-                "a scan cannot be cut. Unroll it (call the blocks in a Python for loop instead "
-                "of nn.scan / nnx.scan), or pass scopes=1 to keep the model as one layer"
-            )
     else:
         cuts = cut_bytes(eqns, [loss_var], can_cross)
         if level.depth > 1:
@@ -164,9 +171,10 @@ def trace(
                     info[v] = _Var("act", index=s)
     info[loss_var].uses.add(len(segments))
 
-    taken = set(param_names) | set(batch_names)
+    taken = set(param_names) | set(batch_names) | {piece.name for piece in unstacked.slices}
     layer_specs: list[LayerSpec] = []
     programs: dict[str, LayerPrograms] = {}
+    texts: dict[Any, tuple[str, str]] = {}  # a scan's iterations: one retrace for all
     for s, (_, lo, hi) in enumerate(segments):
         layer_specs.append(
             _build_layer(
@@ -174,12 +182,13 @@ def trace(
                 seg_names[s],
                 eqns[lo:hi],
                 info,
-                closed.consts,
+                consts,
                 loss_var,
                 taken,
                 axes,
                 sum(flops[lo:hi]),
                 programs,
+                (unstacked, texts),
             )
         )
     inputs = [_spec(v, info[v].name) for v in jaxpr.invars[len(param_names) :]]
@@ -203,6 +212,7 @@ def _build_layer(
     axes: Mapping[str, tuple[str | None, ...] | None],
     flops: float,
     programs: dict[str, LayerPrograms],
+    scans: tuple[Unstacked, dict[Any, tuple[str, str]]],
 ) -> LayerSpec:
     """One `LayerSpec` from a slice of equations; names its outputs and exports its program."""
     param_vars: list[Any] = []
@@ -230,7 +240,7 @@ def _build_layer(
             else:
                 info[v].name = _fresh(f"{layer_name}:{len(output_vars)}", taken)
             output_vars.append(v)
-    param_vars.sort(key=lambda v: info[v].index)
+    param_vars.sort(key=lambda v: (info[v].index, info[v].sub))
     for v in input_vars + output_vars:
         if _dtype_name(v.aval) not in DTYPE_BYTES or not all(d >= 1 for d in v.aval.shape):
             raise ValueError(
@@ -258,10 +268,19 @@ def _build_layer(
     ]
     inputs = [_spec(v, info[v].name) for v in input_vars]
     outputs = [_spec(v, info[v].name) for v in output_vars]
-    text = layer_text(closed)
     batch = {info[v].name for v in input_vars if info[v].kind == "input"}
     grad_inputs = [v.name for v in inputs if v.dtype in FLOAT_DTYPES and v.name not in batch]
-    key = export_key(text, params, inputs, outputs, grad_inputs)
+    unstacked, texts = scans
+    template = unstacked.template(eqns, param_vars + input_vars, output_vars)
+    if template is not None:  # iterations of one scan: the same text and export key
+        template = (template, tuple(info[v].kind for v in input_vars), _vars_key(params))
+    if template is None or template not in texts:
+        text = layer_text(closed)
+        key = export_key(text, params, inputs, outputs, grad_inputs)
+        if template is not None:
+            texts[template] = (text, key)
+    else:
+        text, key = texts[template]
     if key not in programs:
         programs[key] = export_layer(closed, params, inputs, outputs, no_grad=batch)
     else:
@@ -282,6 +301,10 @@ def _build_layer(
         flops=flops,
     )
     return layer.model_copy(update={"fingerprint": layer_fingerprint(layer)})
+
+
+def _vars_key(params: list[ParamSpec]) -> tuple:
+    return tuple((p.shape, p.dtype, p.logical_axes) for p in params)
 
 
 def _fresh(name: str, taken: set[str]) -> str:

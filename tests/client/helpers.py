@@ -1,6 +1,6 @@
 """Round-trip checks shared by the client and compose tests."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -11,13 +11,23 @@ from schemas import ModelSpec
 from workers.measure.compose import compose_stage
 
 
-def by_name(tree: Any) -> dict[str, jax.Array]:
-    """A params pytree as {spec param name: value}."""
-    return {path_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+def by_name(tree: Any, stacked: Mapping[str, int] | None = None) -> dict[str, jax.Array]:
+    """A params pytree as {spec param name: value}; `stacked` (name: layer axis) adds each
+    scanned-over parameter's slices, `name[i]`, as a scanned spec names them."""
+    named = {path_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    for name, axis in (stacked or {}).items():
+        value = named[name]
+        for i in range(value.shape[axis]):
+            named[f"{name}[{i}]"] = jax.numpy.take(value, i, axis=axis)
+    return named
 
 
 def composed_loss_and_grads(
-    spec: ModelSpec, params: Any, batch: dict[str, jax.Array], cuts: tuple[int, ...] = ()
+    spec: ModelSpec,
+    params: Any,
+    batch: dict[str, jax.Array],
+    cuts: tuple[int, ...] = (),
+    stacked: Mapping[str, int] | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
     """Loss and gradients of the spec run as stages split before each layer in `cuts`: every
     stage's forward (keeping its stash), then every stage's backward in reverse, from the
@@ -25,7 +35,7 @@ def composed_loss_and_grads(
     bounds = [0, *cuts, spec.num_layers]
     stages = [compose_stage(spec, lo, hi - 1) for lo, hi in zip(bounds, bounds[1:], strict=False)]
     names = list(dict.fromkeys(p.name for s in stages for p in s.params))
-    named = by_name(params)
+    named = by_name(params, stacked)
 
     def loss_and_grads(values: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
         env = dict(zip(names, values, strict=True)) | dict(batch)
@@ -63,12 +73,14 @@ def assert_roundtrip(
     cuts: tuple[int, ...] = (),
     rtol: float = 1e-4,
     atol: float = 1e-5,
+    stacked: Mapping[str, int] | None = None,
 ) -> None:
-    """The composed spec's loss and gradients equal `loss_fn`'s (every used param checked)."""
-    value, grads = composed_loss_and_grads(spec, params, batch, cuts)
+    """The composed spec's loss and gradients equal `loss_fn`'s (every used param checked;
+    a stacked parameter's gradient slice by slice, see `by_name`)."""
+    value, grads = composed_loss_and_grads(spec, params, batch, cuts, stacked)
     expected, expected_grads = jax.jit(jax.value_and_grad(loss_fn))(params, batch)
     np.testing.assert_allclose(value, float(expected), rtol=rtol, atol=atol)
-    expected_named = by_name(expected_grads)
+    expected_named = by_name(expected_grads, stacked)
     assert grads, "the spec has no parameters"
     for name, g in grads.items():
         want = np.asarray(expected_named[name])

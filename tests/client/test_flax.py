@@ -186,59 +186,6 @@ def test_remat_blocks_are_layers() -> None:
     assert spec.layers[1].fingerprint == spec.layers[2].fingerprint
 
 
-class ScanBlock(nn.Module):
-    @nn.compact
-    def __call__(self, x: jax.Array, _: None) -> tuple[jax.Array, None]:
-        return x + nn.Dense(D)(nn.gelu(nn.Dense(D)(x))), None
-
-
-class ScannedMLP(nn.Module):
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Dense(D, name="embed")(x)
-        stack = nn.scan(
-            ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=3
-        )
-        x, _ = stack(name="blocks")(x, None)
-        return jnp.mean(nn.Dense(4, name="head")(x) ** 2)
-
-
-def test_linen_scan_is_a_clear_error() -> None:
-    model, x = ScannedMLP(), jnp.ones((2, D))
-    params = model.init(jax.random.key(0), x)
-
-    def loss(p: dict, b: dict[str, jax.Array]) -> jax.Array:
-        return model.apply(p, b["x"])
-
-    with pytest.raises(ValueError, match="scan of length 3 at ScannedMLP/blocks.*Unroll it"):
-        client.trace(loss, params, {"x": x})
-    whole = client.trace(loss, params, {"x": x}, scopes=1)
-    assert [layer.name for layer in whole.layers] == ["ScannedMLP"]
-    assert_roundtrip(whole, loss, params, {"x": x})
-
-
-def test_nnx_scan_is_a_clear_error() -> None:
-    class Cell(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs) -> None:
-            self.fc = nnx.Linear(D, D, rngs=rngs)
-
-        def __call__(self, x: jax.Array) -> jax.Array:
-            return x + jnp.tanh(self.fc(x))
-
-    blocks = nnx.vmap(lambda key: Cell(nnx.Rngs(key)))(jax.random.split(jax.random.key(0), 3))
-    graphdef, params = nnx.split(blocks, nnx.Param)
-
-    def loss(p: nnx.State, b: dict[str, jax.Array]) -> jax.Array:
-        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
-        def step(cell: Cell, x: jax.Array) -> jax.Array:
-            return cell(x)
-
-        return jnp.mean(step(nnx.merge(graphdef, p), b["x"]))
-
-    with pytest.raises(ValueError, match="scan of length 3 at Cell.*cannot be cut"):
-        client.trace(loss, params, {"x": jnp.ones((2, D))})
-
-
 def test_clustering_cuts_only_between_modules(gpt) -> None:
     _, loss, params, batch = gpt
     spec = client.trace(loss, params, batch, layers=3)
