@@ -1,6 +1,17 @@
 """Starting measuring groups: Ray places their placement groups, each bundle gets one
 process, and the processes of a group join their `jax.distributed` group. Every wait calls
-`check` a few times a second, so a cancel or a shutdown interrupts a start."""
+`check` a few times a second, so a cancel or a shutdown interrupts a start.
+
+Sharing the cluster with other runners (docs/sharing-a-cluster.md): a group is one placement
+group, so Ray reserves all of its hosts or none. A runner that holds no group waits for its
+first one at most `PoolConfig.device_wait_s`, saying so after `WAIT_NOTICE_S`; a runner that
+holds groups takes only those placed within `PLACEMENT_EXTRA_WAIT_S` and never waits longer,
+so no two runners each hold part of what both wait for.
+
+A start watches its ranks: the moment one dies while joining, the group's other ranks are
+killed (they would wait in `jax.distributed.initialize` until `JOIN_TIMEOUT_S`), and the
+group is started once more with fresh processes on the same placement group.
+"""
 
 import logging
 import time
@@ -20,43 +31,112 @@ POLL_S = 0.25
 # Once one placement group of a shape is placed, how long the others may take (resources
 # another runner holds are not waited for: the shape runs with the groups that were placed).
 PLACEMENT_EXTRA_WAIT_S = 5.0
+# How long a runner waits for its first group before it says it waits for another job.
+WAIT_NOTICE_S = 2.0
+# How often a group whose rank died while joining is started again with fresh processes.
+JOIN_RETRIES = 1
+
+# Told when a wait for devices begins (`shape`, None) and when it ends (`shape`, seconds).
+WaitListener = Callable[[GroupShape, float | None], None]
+
+
+class DevicesBusy(TimeoutError):
+    """No group of a shape was placed within the wait bound: another job holds the devices."""
 
 
 class GroupStarter:
     """Starts groups on `layout`'s nodes; counts the processes it started."""
 
-    def __init__(self, layout: Layout, check: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        check: Callable[[], None],
+        *,
+        device_wait_s: float = START_TIMEOUT_S,
+        on_wait: WaitListener | None = None,
+    ) -> None:
         self.layout = layout
         self.check = check
+        self.device_wait_s = device_wait_s
+        self.on_wait = on_wait
         self.processes_started = 0
+        self.failed_joins = 0  # groups whose rank died while joining
 
-    def new_groups(self, shape: GroupShape, count: int) -> list[MeasuringGroup]:
-        """Up to `count` started groups of `shape` (those Ray places in time)."""
+    def new_groups(
+        self, shape: GroupShape, count: int, holding: bool = False
+    ) -> list[MeasuringGroup]:
+        """Up to `count` started groups of `shape` (those Ray places in time). `holding`: the
+        caller holds groups already, so it waits only `PLACEMENT_EXTRA_WAIT_S` and may get
+        none."""
         strategy = "STRICT_SPREAD" if shape.processes > 1 else "PACK"
         bundles = [self.layout.bundle(shape) for _ in range(shape.processes)]
         pgs = [placement_group(bundles, strategy=strategy) for _ in range(count)]
-        return self.start([MeasuringGroup(shape, pg) for pg in self._placed(pgs, shape)])
+        placed = self._placed(pgs, shape, PLACEMENT_EXTRA_WAIT_S if holding else None)
+        if not placed:
+            return []
+        return self.start([MeasuringGroup(shape, pg) for pg in placed])
 
     def start(self, groups: list[MeasuringGroup]) -> list[MeasuringGroup]:
-        """Spawn the groups' processes and let each group join; returns those that did (the
-        others are killed and their placement groups removed)."""
-        addresses = [g.spawn(self.layout) for g in groups]
-        self.processes_started += sum(len(g.actors) for g in groups)
-        coordinators = [None if ref is None else self._answer(ref) for ref in addresses]
-        joins = [g.join(c) for g, c in zip(groups, coordinators, strict=True)]
-        self.wait([r for refs in joins for r in refs], "join its group")
-        started = []
-        for group, refs in zip(groups, joins, strict=True):
-            try:
-                group.joined(ray.get(refs))
-                started.append(group)
-            except Exception as err:  # a process that died while joining
-                logger.warning("a group of %s did not start: %s", group.shape, err)
-                group.kill()
-                remove_placement_group(group.pg)
+        """Spawn the groups' processes and let each group join; returns those that did (a
+        group whose rank died while joining is tried `JOIN_RETRIES` more times, then killed
+        and its placement group removed)."""
+        started: list[MeasuringGroup] = []
+        failed = groups
+        for _ in range(1 + JOIN_RETRIES):
+            failed = self._start_once(failed)
+            started.extend(g for g in groups if g not in failed and g not in started)
+            if not failed:
+                break
+        for group in failed:
+            remove_placement_group(group.pg)
         if not started:
             raise RuntimeError(f"no group of {groups[0].shape} started")
         return started
+
+    def _start_once(self, groups: list[MeasuringGroup]) -> list[MeasuringGroup]:
+        """Spawn and join `groups`; returns those that failed (their processes killed)."""
+        addresses = [g.spawn(self.layout) for g in groups]
+        self.processes_started += sum(len(g.actors) for g in groups)
+        coordinators = [None if ref is None else self._answer(ref) for ref in addresses]
+        failed: list[MeasuringGroup] = []
+        joins: dict[int, list[Any]] = {}
+        for i, (group, coordinator) in enumerate(zip(groups, coordinators, strict=True)):
+            if coordinator is None and group.shape.processes > 1:
+                self._fail(group, "its first process did not start")
+                failed.append(group)
+            else:
+                joins[i] = group.join(coordinator)
+        group_of = {r.hex(): i for i, refs in joins.items() for r in refs}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pending = [r for refs in joins.values() for r in refs]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            for ref in done:
+                i = group_of[ref.hex()]
+                if groups[i] in failed:
+                    continue
+                try:
+                    ray.get(ref)
+                except Exception as err:  # a rank died or failed while joining
+                    self._fail(groups[i], str(err))
+                    failed.append(groups[i])
+                    dropped = {r.hex() for r in joins[i]}
+                    pending = [r for r in pending if r.hex() not in dropped]
+            self.check()
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"measuring processes did not join their group within {START_TIMEOUT_S:g} s"
+                )
+        for i, refs in joins.items():
+            if groups[i] not in failed:
+                groups[i].joined(ray.get(refs))
+        return failed
+
+    def _fail(self, group: MeasuringGroup, why: str) -> None:
+        """A group that did not join: its other ranks stop waiting now (killed)."""
+        logger.warning("a group of %s did not start: %s", group.shape, why)
+        self.failed_joins += 1
+        group.kill()
 
     def wait(self, refs: list[Any], what: str) -> None:
         """Wait for `refs`, calling `check` meanwhile, at most `START_TIMEOUT_S`."""
@@ -72,7 +152,7 @@ class GroupStarter:
 
     def _answer(self, ref: Any) -> str | None:
         """Rank 0's coordinator address, or None when its process did not start (the
-        group's join then fails and the group is dropped)."""
+        group is then dropped)."""
         self.wait([ref], "start")
         try:
             return str(ray.get(ref))
@@ -80,30 +160,56 @@ class GroupStarter:
             logger.warning("a group's first process did not start: %s", err)
             return None
 
-    def _placed(self, pgs: list[PlacementGroup], shape: GroupShape) -> list[PlacementGroup]:
+    def _placed(
+        self, pgs: list[PlacementGroup], shape: GroupShape, first_wait_s: float | None
+    ) -> list[PlacementGroup]:
         """The placement groups Ray places: all, or those placed within
-        `PLACEMENT_EXTRA_WAIT_S` of the first; the rest are removed."""
+        `PLACEMENT_EXTRA_WAIT_S` of the first (the first within `first_wait_s`, default
+        `device_wait_s`); the rest are removed. Raises `DevicesBusy` when none was placed
+        in `device_wait_s`."""
         ready_refs = [pg.ready() for pg in pgs]
         by_ref = {r.hex(): pg for r, pg in zip(ready_refs, pgs, strict=True)}
         pending = list(ready_refs)
         placed: list[PlacementGroup] = []
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-            placed.extend(by_ref[r.hex()] for r in ready)
-            self.check()
-            now = time.monotonic()
-            if placed and deadline > now + PLACEMENT_EXTRA_WAIT_S:
-                deadline = now + PLACEMENT_EXTRA_WAIT_S
-            if pending and now > deadline:
-                break
-        placed_ids = {pg.id.hex() for pg in placed}
-        for pg in pgs:
-            if pg.id.hex() not in placed_ids:
-                remove_placement_group(pg)
-        if not placed:
-            raise TimeoutError(
-                f"Ray placed no group of {shape} within {START_TIMEOUT_S:g} s "
-                f"(nodes: {self.layout.describe()})"
+        began = time.monotonic()
+        deadline = began + (self.device_wait_s if first_wait_s is None else first_wait_s)
+        noticed = False
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+                placed.extend(by_ref[r.hex()] for r in ready)
+                self.check()
+                now = time.monotonic()
+                if placed and deadline > now + PLACEMENT_EXTRA_WAIT_S:
+                    deadline = now + PLACEMENT_EXTRA_WAIT_S
+                if (
+                    first_wait_s is None
+                    and not placed
+                    and not noticed
+                    and now - began >= WAIT_NOTICE_S
+                ):
+                    noticed = True
+                    self._tell(shape, None)
+                if pending and now > deadline:
+                    break
+        finally:
+            placed_ids = {pg.id.hex() for pg in placed}
+            for pg in pgs:
+                if pg.id.hex() not in placed_ids:
+                    remove_placement_group(pg)
+        if first_wait_s is None:
+            self._tell(shape, time.monotonic() - began)
+        if not placed and first_wait_s is None:
+            raise DevicesBusy(
+                f"Ray placed no group of {shape} within {self.device_wait_s:g} s: the devices "
+                f"are held by another job (nodes: {self.layout.describe()})"
             )
         return placed
+
+    def _tell(self, shape: GroupShape, waited: float | None) -> None:
+        if waited is None:
+            logger.warning("waiting for devices held by another job (a group of %s)", shape)
+        else:
+            logger.info("devices for a group of %s after %.1f s", shape, waited)
+        if self.on_wait is not None:
+            self.on_wait(shape, waited)
