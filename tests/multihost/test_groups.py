@@ -3,19 +3,24 @@ program over two processes on distinct nodes (gloo CPU collectives), groups are 
 per shape and packed, and a dead rank loses only its candidate."""
 
 import os
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
-from ray.util.placement_group import placement_group_table
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from planner import enumerate_candidates
 from schemas import ModelSpec, ProfileStatus, StageKey
 from tests.multihost.conftest import CLUSTER, OPTIONS
 from tests.runner.conftest import tiny_gpt
+from workers.cluster.group_start import WAIT_NOTICE_S
+from workers.cluster.host_group import HOLD_JOIN_ENV
 from workers.cluster.placement import GroupShape
 from workers.cluster.pool import CandidateRetry, CandidateTask, GroupPool, PoolConfig
+from workers.cluster.ray_env import DEVICE_RESOURCE
 from workers.measure.stage import measure_stage
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
@@ -175,3 +180,126 @@ def test_ranks_time_out_together(spec: ModelSpec) -> None:
         assert pool.actors_replaced == 0  # both ranks answered: the group lives on
     finally:
         pool.shutdown()
+
+
+def _hold_the_cluster() -> Any:
+    """A placement group of every device of both nodes: another job holding them."""
+    bundle = {"CPU": 1.0, DEVICE_RESOURCE: 2.0}
+    pg = placement_group([bundle, bundle], strategy="STRICT_SPREAD")
+    ray.get(pg.ready(), timeout=60)
+    return pg
+
+
+def _live_groups() -> list[dict[str, Any]]:
+    return [t for t in placement_group_table().values() if t["state"] != "REMOVED"]
+
+
+def test_a_wait_for_devices_another_job_holds_is_said_and_bounded(spec: ModelSpec) -> None:
+    (key, mesh), *_ = _keys(spec, 2, 2)
+    held = _hold_the_cluster()
+    told: list[Any] = []
+    pool = GroupPool(
+        PoolConfig(device_wait_s=WAIT_NOTICE_S + 2),
+        model_key="m",
+        spec=spec,
+        cluster=CLUSTER,
+        options=OPTIONS,
+        failure_result=_failure,
+        on_wait=lambda shape, waited: told.append((shape, waited)),
+    )
+    try:
+        pool.submit(CandidateTask("w", key, mesh))
+        status, error = _result(pool, timeout_s=30)
+        assert status == ProfileStatus.runtime_error
+        assert "held by another job" in error
+        assert [t[1] for t in told][0] is None  # said while waiting
+        assert told[-1][0] == GroupShape(2, 2) and told[-1][1] >= WAIT_NOTICE_S + 2
+        assert pool.actors_started == 0
+        assert [t["placement_group_id"] for t in _live_groups()] == [held.id.hex()]
+        # The job waited its bound for that shape: its other stages of the shape fail at once.
+        waits = len(told)
+        pool.submit(CandidateTask("w2", key, mesh))
+        assert "held by another job" in _result(pool, timeout_s=1)[1]
+        assert len(told) == waits
+    finally:
+        pool.shutdown()
+        remove_placement_group(held)
+    assert _wait_all_removed()
+
+
+def _wait_all_removed(timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _live_groups():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_a_pool_asks_only_for_the_groups_it_can_use_and_gives_idle_ones_back(
+    spec: ModelSpec,
+) -> None:
+    (key, mesh), *_ = _keys(spec, 1, 1)
+    pool = _pool(spec)
+    try:
+        pool.submit(CandidateTask("one", key, mesh), wanted=1)
+        assert len(pool.groups) == 1  # four fit, one is asked for
+        assert len(_live_groups()) == 1
+        assert _result(pool).status == ProfileStatus.ok
+        assert pool.release_idle() == 1
+        assert not pool.groups
+        assert _wait_all_removed()
+    finally:
+        pool.shutdown()
+
+
+def test_a_rank_dying_while_joining_fails_its_group_within_seconds(
+    spec: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 is held before `jax.distributed.initialize` (the `HOLD_JOIN_ENV` hook) while
+    rank 0 waits in it; killing rank 1 ends rank 0 within seconds, and the group is started
+    afresh on its placement group, which measures the candidate."""
+    monkeypatch.setenv(HOLD_JOIN_ENV, str(tmp_path))
+    (key, mesh), *_ = _keys(spec, 2, 2)
+    pool = _pool(spec)
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(pool.submit(CandidateTask("j", key, mesh))))
+    try:
+        thread.start()
+        port, pid = _held(tmp_path)
+        peer = _peer(tmp_path, port)
+        os.kill(pid, 9)
+        killed = time.monotonic()
+        while _alive(peer):
+            assert time.monotonic() - killed < 10, "rank 0 still waits in its group's join"
+            time.sleep(0.1)
+        thread.join(timeout=120)
+        assert not thread.is_alive() and box == [None]
+        assert pool._starter.failed_joins == 1
+        (group,) = pool.groups
+        assert peer not in group.pids and pid not in group.pids
+        result = _result(pool)
+        assert result.status == ProfileStatus.ok, result.error
+    finally:
+        thread.join(timeout=120)
+        pool.shutdown()
+
+
+def _held(hold: Path, timeout_s: float = 120) -> tuple[str, int]:
+    """The held rank's coordinator port and pid, once it is held."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        parts = (hold / "held").read_text().split() if (hold / "held").exists() else []
+        if len(parts) == 2:
+            return parts[0], int(parts[1])
+        time.sleep(0.05)
+    raise AssertionError("no rank was held while joining")
+
+
+def _peer(hold: Path, port: str) -> int:
+    """Rank 0's pid of the group joining on `port`."""
+    deadline = time.monotonic() + 30
+    while not (paths := list(hold.glob(f"join-{port}-0-*"))):
+        assert time.monotonic() < deadline, "rank 0 never joined"
+        time.sleep(0.05)
+    return int(paths[0].name.rsplit("-", 1)[1])

@@ -130,7 +130,9 @@ class GroupPool:
         self._complete = True  # all groups of `_shape` that fit are started
         self._unplaced: list[StageProfileResult] = []
         self._wanted: int | None = None  # groups of the current shape the caller can use
-        self._busy_reason: str | None = None  # why no group of the shape was placed
+        # Shapes none of whose groups was placed within `device_wait_s` (another job holds
+        # their devices): this pool fails their stages at once from then on.
+        self._busy: dict[GroupShape, str] = {}
         self.actors_replaced = 0
         self.shapes: list[GroupShape] = []  # every shape measured, in order
 
@@ -218,6 +220,10 @@ class GroupPool:
         while self._queue:
             task = self._queue[0]
             shape = self.layout.shape_for(task.submesh)
+            if shape in self._busy:
+                self._queue.popleft()
+                self._unplaced.append(self._unplaceable(task, shape))
+                continue
             if shape != self._shape:
                 if any(g.task is not None for g in self._groups):
                     return  # the current shape finishes first
@@ -253,7 +259,6 @@ class GroupPool:
         wants, at most all that fit)."""
         self.shutdown()
         self._shape = shape
-        self._busy_reason = None
         fit = self.layout.groups_that_fit(shape)
         count = self._wanted if count is None else count
         want = fit if count is None else min(count, fit)
@@ -266,7 +271,7 @@ class GroupPool:
         try:
             self._groups = self._starter.new_groups(shape, want)
         except DevicesBusy as err:
-            self._busy_reason = str(err)
+            self._busy[shape] = str(err)
 
     def _grow(self) -> None:
         """More groups of the current shape, those Ray places at once: a pool that holds
@@ -277,9 +282,12 @@ class GroupPool:
             more = min(more, self._wanted - len(self._groups))
         self._complete = True
         if more > 0:
-            self._groups.extend(
-                self._starter.new_groups(self._shape, more, holding=bool(self._groups))
-            )
+            try:
+                self._groups.extend(
+                    self._starter.new_groups(self._shape, more, holding=bool(self._groups))
+                )
+            except DevicesBusy as err:
+                self._busy[self._shape] = str(err)
 
     def _drop(self, group: MeasuringGroup) -> None:
         group.kill()
@@ -364,7 +372,7 @@ class GroupPool:
         ]
 
     def _unplaceable(self, task: CandidateTask, shape: GroupShape) -> StageProfileResult:
-        why = self._busy_reason or (
+        why = self._busy.get(shape) or (
             f"submesh {task.submesh} needs a group of {shape}, which no Ray node set fits "
             f"(nodes: {self.layout.describe()})"
         )
