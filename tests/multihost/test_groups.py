@@ -10,17 +10,25 @@ from typing import Any
 
 import pytest
 import ray
-from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from planner import enumerate_candidates
 from schemas import ModelSpec, ProfileStatus, StageKey
-from tests.multihost.conftest import CLUSTER, OPTIONS
+from tests.multihost.conftest import (
+    CLUSTER,
+    OPTIONS,
+    alive,
+    held_rank,
+    hold_the_cluster,
+    live_groups,
+    rank0_of,
+    wait_all_removed,
+)
 from tests.runner.conftest import tiny_gpt
 from workers.cluster.group_start import WAIT_NOTICE_S
 from workers.cluster.host_group import HOLD_JOIN_ENV
 from workers.cluster.placement import GroupShape
 from workers.cluster.pool import CandidateRetry, CandidateTask, GroupPool, PoolConfig
-from workers.cluster.ray_env import DEVICE_RESOURCE
 from workers.measure.stage import measure_stage
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("two_nodes")]
@@ -64,14 +72,6 @@ def _result(pool: GroupPool, timeout_s: float = 240) -> Any:
             assert len(results) == 1
             return results[0]
     raise AssertionError("no result")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_two_host_candidate_runs_on_two_nodes_and_equals_one_process(spec: ModelSpec) -> None:
@@ -119,7 +119,7 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
         # 2 nodes x 2 devices: four 1-device groups, none holding more than its device
         assert [g.shape for g in pool.groups] == [GroupShape(1, 1)] * 4
         assert all(g.info and g.info["num_devices"] == 1 for g in pool.groups)
-        assert not any(_alive(pid) for pid in first)
+        assert not any(alive(pid) for pid in first)
         assert len({g.processes[0].split(":")[0] for g in pool.groups}) == 2
         for key, mesh in ones[1:4]:
             assert pool.accepts(mesh)
@@ -147,7 +147,7 @@ def test_a_dead_rank_loses_its_candidate_and_the_group_goes_on(spec: ModelSpec) 
         assert pool.actors_replaced == 2  # the whole group, not only the dead rank
         after = pool.actor_pids()
         assert not set(after) & set(before)
-        assert not any(_alive(pid) for pid in before)
+        assert not any(alive(pid) for pid in before)
         pool.submit(CandidateTask("y", key, mesh))
         result = _result(pool)
         assert result.status == ProfileStatus.ok, result.error
@@ -182,21 +182,9 @@ def test_ranks_time_out_together(spec: ModelSpec) -> None:
         pool.shutdown()
 
 
-def _hold_the_cluster() -> Any:
-    """A placement group of every device of both nodes: another job holding them."""
-    bundle = {"CPU": 1.0, DEVICE_RESOURCE: 2.0}
-    pg = placement_group([bundle, bundle], strategy="STRICT_SPREAD")
-    ray.get(pg.ready(), timeout=60)
-    return pg
-
-
-def _live_groups() -> list[dict[str, Any]]:
-    return [t for t in placement_group_table().values() if t["state"] != "REMOVED"]
-
-
 def test_a_wait_for_devices_another_job_holds_is_said_and_bounded(spec: ModelSpec) -> None:
     (key, mesh), *_ = _keys(spec, 2, 2)
-    held = _hold_the_cluster()
+    held = hold_the_cluster()
     told: list[Any] = []
     pool = GroupPool(
         PoolConfig(device_wait_s=WAIT_NOTICE_S + 2),
@@ -215,7 +203,7 @@ def test_a_wait_for_devices_another_job_holds_is_said_and_bounded(spec: ModelSpe
         assert [t[1] for t in told][0] is None  # said while waiting
         assert told[-1][0] == GroupShape(2, 2) and told[-1][1] >= WAIT_NOTICE_S + 2
         assert pool.actors_started == 0
-        assert [t["placement_group_id"] for t in _live_groups()] == [held.id.hex()]
+        assert [t["placement_group_id"] for t in live_groups()] == [held.id.hex()]
         # The job waited its bound for that shape: its other stages of the shape fail at once.
         waits = len(told)
         pool.submit(CandidateTask("w2", key, mesh))
@@ -224,16 +212,7 @@ def test_a_wait_for_devices_another_job_holds_is_said_and_bounded(spec: ModelSpe
     finally:
         pool.shutdown()
         remove_placement_group(held)
-    assert _wait_all_removed()
-
-
-def _wait_all_removed(timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _live_groups():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
+    assert wait_all_removed()
 
 
 def test_a_pool_asks_only_for_the_groups_it_can_use_and_gives_idle_ones_back(
@@ -244,11 +223,11 @@ def test_a_pool_asks_only_for_the_groups_it_can_use_and_gives_idle_ones_back(
     try:
         pool.submit(CandidateTask("one", key, mesh), wanted=1)
         assert len(pool.groups) == 1  # four fit, one is asked for
-        assert len(_live_groups()) == 1
+        assert len(live_groups()) == 1
         assert _result(pool).status == ProfileStatus.ok
         assert pool.release_idle() == 1
         assert not pool.groups
-        assert _wait_all_removed()
+        assert wait_all_removed()
     finally:
         pool.shutdown()
 
@@ -266,15 +245,15 @@ def test_a_rank_dying_while_joining_fails_its_group_within_seconds(
     thread = threading.Thread(target=lambda: box.append(pool.submit(CandidateTask("j", key, mesh))))
     try:
         thread.start()
-        port, pid = _held(tmp_path)
-        peer = _peer(tmp_path, port)
+        port, pid = held_rank(tmp_path)
+        peer = rank0_of(tmp_path, port)
         os.kill(pid, 9)
         killed = time.monotonic()
-        while _alive(peer):
+        while alive(peer):
             assert time.monotonic() - killed < 10, "rank 0 still waits in its group's join"
             time.sleep(0.1)
         thread.join(timeout=120)
-        assert not thread.is_alive() and box == [None]
+        assert not thread.isalive() and box == [None]
         assert pool._starter.failed_joins == 1
         (group,) = pool.groups
         assert peer not in group.pids and pid not in group.pids
@@ -283,23 +262,3 @@ def test_a_rank_dying_while_joining_fails_its_group_within_seconds(
     finally:
         thread.join(timeout=120)
         pool.shutdown()
-
-
-def _held(hold: Path, timeout_s: float = 120) -> tuple[str, int]:
-    """The held rank's coordinator port and pid, once it is held."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        parts = (hold / "held").read_text().split() if (hold / "held").exists() else []
-        if len(parts) == 2:
-            return parts[0], int(parts[1])
-        time.sleep(0.05)
-    raise AssertionError("no rank was held while joining")
-
-
-def _peer(hold: Path, port: str) -> int:
-    """Rank 0's pid of the group joining on `port`."""
-    deadline = time.monotonic() + 30
-    while not (paths := list(hold.glob(f"join-{port}-0-*"))):
-        assert time.monotonic() < deadline, "rank 0 never joined"
-        time.sleep(0.05)
-    return int(paths[0].name.rsplit("-", 1)[1])
