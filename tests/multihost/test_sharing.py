@@ -74,8 +74,8 @@ def _wait_for(what: str, ok: Any, timeout_s: float, runners: list[Any]) -> None:
 
 def test_two_runners_share_the_cluster_by_rule(
     two_nodes: Cluster,
-    pg_sessions: sessionmaker[Session],
-    tmp_path: Path,  # noqa: F811
+    pg_sessions: sessionmaker[Session],  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     spread = tiny_gpt(num_layers=1)  # on 2 hosts x 2 devices: 2-host stages
     local = tiny_gpt(num_layers=1, hidden_size=16)  # on 1 host x 1 device
