@@ -22,7 +22,6 @@ from schemas import ClusterSpec, JobStatus
 from store import get_job, job_results, progress_of, session_scope
 from tests.conftest import postgres_url
 from tests.multihost.conftest import (
-    CLUSTER,
     OPTIONS,
     alive,
     held_rank,
@@ -77,13 +76,14 @@ def test_two_runners_share_the_cluster_by_rule(
     pg_sessions: sessionmaker[Session],  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    spread = tiny_gpt(num_layers=1)  # on 2 hosts x 2 devices: 2-host stages
+    spread = tiny_gpt(num_layers=1)  # on 2 hosts x 1 device: 2-host stages
     local = tiny_gpt(num_layers=1, hidden_size=16)  # on 1 host x 1 device
+    on_two, on_one = (ClusterSpec(num_hosts=h, devices_per_host=1) for h in (2, 1))
     job_ids = [
-        queue_job(pg_sessions, spread, OPTIONS, CLUSTER),
-        queue_job(pg_sessions, local, OPTIONS, ClusterSpec(num_hosts=1, devices_per_host=1)),
-        queue_job(pg_sessions, spread, OPTIONS, CLUSTER),
-        queue_job(pg_sessions, local, OPTIONS, ClusterSpec(num_hosts=1, devices_per_host=1)),
+        queue_job(pg_sessions, spread, OPTIONS, on_two),
+        queue_job(pg_sessions, local, OPTIONS, on_one),
+        queue_job(pg_sessions, spread, OPTIONS, on_two),
+        queue_job(pg_sessions, local, OPTIONS, on_one),
     ]
     hold = tmp_path / "hold"
     hold.mkdir()

@@ -6,7 +6,8 @@ Sharing the cluster with other runners (docs/sharing-a-cluster.md): a group is o
 group, so Ray reserves all of its hosts or none. A runner that holds no group waits for its
 first one at most `PoolConfig.device_wait_s`, saying so after `WAIT_NOTICE_S`; a runner that
 holds groups takes only those placed within `PLACEMENT_EXTRA_WAIT_S` and never waits longer,
-so no two runners each hold part of what both wait for.
+so no two runners each hold part of what both wait for; and a runner that holds nothing asks
+for devices only once the requests other runners made before it are served (no starving).
 
 A start watches its ranks: the moment one dies while joining, the group's other ranks are
 killed (they would wait in `jax.distributed.initialize` until `JOIN_TIMEOUT_S`), and the
@@ -15,11 +16,18 @@ group is started once more with fresh processes on the same placement group.
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from workers.cluster.host_group import MeasuringGroup
 from workers.cluster.placement import GroupShape, Layout
@@ -33,11 +41,30 @@ POLL_S = 0.25
 PLACEMENT_EXTRA_WAIT_S = 5.0
 # How long a runner waits for its first group before it says it waits for another job.
 WAIT_NOTICE_S = 2.0
+# Names of measuring groups' placement groups: `<prefix><starter>:<group>`.
+PG_PREFIX = "stageprof:"
 # How often a group whose rank died while joining is started again with fresh processes.
 JOIN_RETRIES = 1
 
 # Told when a wait for devices begins (`shape`, None) and when it ends (`shape`, seconds).
 WaitListener = Callable[[GroupShape, float | None], None]
+
+
+@dataclass
+class _Wait:
+    """One wait for devices: for a group of `shape`, since `began`."""
+
+    shape: GroupShape
+    holding: bool
+    began: float = field(default_factory=time.monotonic)
+    noticed: bool = False
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.began
+
+    def deadline(self, device_wait_s: float) -> float:
+        return self.began + (PLACEMENT_EXTRA_WAIT_S if self.holding else device_wait_s)
 
 
 class DevicesBusy(TimeoutError):
@@ -60,6 +87,7 @@ class GroupStarter:
         self.device_wait_s = device_wait_s
         self.on_wait = on_wait
         self.processes_started = 0
+        self._name = f"{PG_PREFIX}{uuid.uuid4().hex[:12]}:"  # this starter's groups
         self.failed_joins = 0  # groups whose rank died while joining
 
     def new_groups(
@@ -68,10 +96,18 @@ class GroupStarter:
         """Up to `count` started groups of `shape` (those Ray places in time). `holding`: the
         caller holds groups already, so it waits only `PLACEMENT_EXTRA_WAIT_S` and may get
         none."""
+        if holding and self._waiters_ahead():
+            return []  # a holder takes nothing another runner waits for
+        wait = _Wait(shape, holding)
+        if not holding:
+            self._let_waiters_go_first(wait)
         strategy = "STRICT_SPREAD" if shape.processes > 1 else "PACK"
         bundles = [self.layout.bundle(shape) for _ in range(shape.processes)]
-        pgs = [placement_group(bundles, strategy=strategy) for _ in range(count)]
-        placed = self._placed(pgs, shape, PLACEMENT_EXTRA_WAIT_S if holding else None)
+        pgs = [
+            placement_group(bundles, strategy=strategy, name=f"{self._name}{uuid.uuid4().hex[:8]}")
+            for _ in range(count)
+        ]
+        placed = self._placed(pgs, wait)
         if not placed:
             return []
         return self.start([MeasuringGroup(shape, pg) for pg in placed])
@@ -160,20 +196,43 @@ class GroupStarter:
             logger.warning("a group's first process did not start: %s", err)
             return None
 
-    def _placed(
-        self, pgs: list[PlacementGroup], shape: GroupShape, first_wait_s: float | None
-    ) -> list[PlacementGroup]:
+    def _waiters_ahead(self) -> set[str]:
+        """Other runners' measuring groups that Ray has not placed yet."""
+        return {
+            pg_id
+            for pg_id, t in placement_group_table().items()
+            if t["state"] in ("PENDING", "RESCHEDULING")
+            and t["name"].startswith(PG_PREFIX)
+            and not t["name"].startswith(self._name)
+        }
+
+    def _let_waiters_go_first(self, wait: _Wait) -> None:
+        """Ask for devices only once the groups other runners asked for earlier are placed
+        (or given up): a runner that gives its groups back between shapes and jobs does not
+        take them again ahead of a runner that waits for them."""
+        ahead = self._waiters_ahead()
+        while ahead and time.monotonic() < wait.deadline(self.device_wait_s):
+            self.check()
+            self._notice(wait)
+            time.sleep(POLL_S)
+            ahead &= self._waiters_ahead()
+
+    def _notice(self, wait: _Wait) -> None:
+        """Say the wait once it lasted `WAIT_NOTICE_S` (a holder's short wait is not one)."""
+        if not wait.holding and not wait.noticed and wait.seconds >= WAIT_NOTICE_S:
+            wait.noticed = True
+            self._tell(wait.shape, None)
+
+    def _placed(self, pgs: list[PlacementGroup], wait: _Wait) -> list[PlacementGroup]:
         """The placement groups Ray places: all, or those placed within
-        `PLACEMENT_EXTRA_WAIT_S` of the first (the first within `first_wait_s`, default
-        `device_wait_s`); the rest are removed. Raises `DevicesBusy` when none was placed
-        in `device_wait_s`."""
+        `PLACEMENT_EXTRA_WAIT_S` of the first (the first within `device_wait_s` of the
+        wait's start, or `PLACEMENT_EXTRA_WAIT_S` for a holder); the rest are removed.
+        Raises `DevicesBusy` when none was placed in `device_wait_s`."""
         ready_refs = [pg.ready() for pg in pgs]
         by_ref = {r.hex(): pg for r, pg in zip(ready_refs, pgs, strict=True)}
         pending = list(ready_refs)
         placed: list[PlacementGroup] = []
-        began = time.monotonic()
-        deadline = began + (self.device_wait_s if first_wait_s is None else first_wait_s)
-        noticed = False
+        deadline = wait.deadline(self.device_wait_s)
         try:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
@@ -182,14 +241,8 @@ class GroupStarter:
                 now = time.monotonic()
                 if placed and deadline > now + PLACEMENT_EXTRA_WAIT_S:
                     deadline = now + PLACEMENT_EXTRA_WAIT_S
-                if (
-                    first_wait_s is None
-                    and not placed
-                    and not noticed
-                    and now - began >= WAIT_NOTICE_S
-                ):
-                    noticed = True
-                    self._tell(shape, None)
+                if not placed:
+                    self._notice(wait)
                 if pending and now > deadline:
                     break
         finally:
@@ -197,11 +250,12 @@ class GroupStarter:
             for pg in pgs:
                 if pg.id.hex() not in placed_ids:
                     remove_placement_group(pg)
-        if first_wait_s is None:
-            self._tell(shape, time.monotonic() - began)
-        if not placed and first_wait_s is None:
+        if wait.holding:
+            return placed
+        self._tell(wait.shape, wait.seconds)
+        if not placed:
             raise DevicesBusy(
-                f"Ray placed no group of {shape} within {self.device_wait_s:g} s: the devices "
+                f"Ray placed no group of {wait.shape} within {self.device_wait_s:g} s: the devices "
                 f"are held by another job (nodes: {self.layout.describe()})"
             )
         return placed
