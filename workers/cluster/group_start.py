@@ -233,9 +233,12 @@ class GroupStarter:
         pending = list(ready_refs)
         placed: list[PlacementGroup] = []
         deadline = wait.deadline(self.device_wait_s)
+        waited = 0.0
         try:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+                if ready and not placed:
+                    waited = wait.seconds  # the wait ends with the first group placed
                 placed.extend(by_ref[r.hex()] for r in ready)
                 self.check()
                 now = time.monotonic()
@@ -252,7 +255,7 @@ class GroupStarter:
                     remove_placement_group(pg)
         if wait.holding:
             return placed
-        self._tell(wait.shape, wait.seconds)
+        self._tell(wait.shape, waited if placed else wait.seconds)
         if not placed:
             raise DevicesBusy(
                 f"Ray placed no group of {wait.shape} within {self.device_wait_s:g} s: the devices "
