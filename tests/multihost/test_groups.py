@@ -253,7 +253,7 @@ def test_a_rank_dying_while_joining_fails_its_group_within_seconds(
             assert time.monotonic() - killed < 10, "rank 0 still waits in its group's join"
             time.sleep(0.1)
         thread.join(timeout=120)
-        assert not thread.isalive() and box == [None]
+        assert not thread.is_alive() and box == [None]
         assert pool._starter.failed_joins == 1
         (group,) = pool.groups
         assert peer not in group.pids and pid not in group.pids
