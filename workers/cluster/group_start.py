@@ -115,16 +115,22 @@ class GroupStarter:
     def start(self, groups: list[MeasuringGroup]) -> list[MeasuringGroup]:
         """Spawn the groups' processes and let each group join; returns those that did (a
         group whose rank died while joining is tried `JOIN_RETRIES` more times, then killed
-        and its placement group removed)."""
-        started: list[MeasuringGroup] = []
+        and its placement group removed). On an error (a cancel) every group is removed."""
         failed = groups
-        for _ in range(1 + JOIN_RETRIES):
-            failed = self._start_once(failed)
-            started.extend(g for g in groups if g not in failed and g not in started)
-            if not failed:
-                break
+        try:
+            for _ in range(1 + JOIN_RETRIES):
+                failed = self._start_once(failed)
+                if not failed:
+                    break
+        except BaseException:
+            for group in groups:
+                group.kill()
+                remove_placement_group(group.pg)
+            raise
+        lost = {id(g) for g in failed}
         for group in failed:
             remove_placement_group(group.pg)
+        started = [g for g in groups if id(g) not in lost]
         if not started:
             raise RuntimeError(f"no group of {groups[0].shape} started")
         return started
@@ -134,12 +140,12 @@ class GroupStarter:
         addresses = [g.spawn(self.layout) for g in groups]
         self.processes_started += sum(len(g.actors) for g in groups)
         coordinators = [None if ref is None else self._answer(ref) for ref in addresses]
-        failed: list[MeasuringGroup] = []
+        failed: set[int] = set()
         joins: dict[int, list[Any]] = {}
         for i, (group, coordinator) in enumerate(zip(groups, coordinators, strict=True)):
             if coordinator is None and group.shape.processes > 1:
                 self._fail(group, "its first process did not start")
-                failed.append(group)
+                failed.add(i)
             else:
                 joins[i] = group.join(coordinator)
         group_of = {r.hex(): i for i, refs in joins.items() for r in refs}
@@ -149,13 +155,13 @@ class GroupStarter:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             for ref in done:
                 i = group_of[ref.hex()]
-                if groups[i] in failed:
+                if i in failed:
                     continue
                 try:
                     ray.get(ref)
                 except Exception as err:  # a rank died or failed while joining
                     self._fail(groups[i], str(err))
-                    failed.append(groups[i])
+                    failed.add(i)
                     dropped = {r.hex() for r in joins[i]}
                     pending = [r for r in pending if r.hex() not in dropped]
             self.check()
@@ -164,9 +170,9 @@ class GroupStarter:
                     f"measuring processes did not join their group within {START_TIMEOUT_S:g} s"
                 )
         for i, refs in joins.items():
-            if groups[i] not in failed:
+            if i not in failed:
                 groups[i].joined(ray.get(refs))
-        return failed
+        return [groups[i] for i in sorted(failed)]
 
     def _fail(self, group: MeasuringGroup, why: str) -> None:
         """A group that did not join: its other ranks stop waiting now (killed)."""
