@@ -3,17 +3,30 @@ program over two processes on distinct nodes (gloo CPU collectives), groups are 
 per shape and packed, and a dead rank loses only its candidate."""
 
 import os
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
-from ray.util.placement_group import placement_group_table
+from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from planner import enumerate_candidates
 from schemas import ModelSpec, ProfileStatus, StageKey
-from tests.multihost.conftest import CLUSTER, OPTIONS
+from tests.multihost.conftest import (
+    CLUSTER,
+    OPTIONS,
+    alive,
+    held_rank,
+    hold_the_cluster,
+    live_groups,
+    rank0_of,
+    wait_all_removed,
+)
 from tests.runner.conftest import tiny_gpt
+from workers.cluster.group_start import WAIT_NOTICE_S
+from workers.cluster.host_group import HOLD_JOIN_ENV
 from workers.cluster.placement import GroupShape
 from workers.cluster.pool import CandidateRetry, CandidateTask, GroupPool, PoolConfig
 from workers.measure.stage import measure_stage
@@ -61,14 +74,6 @@ def _result(pool: GroupPool, timeout_s: float = 240) -> Any:
     raise AssertionError("no result")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_a_two_host_candidate_runs_on_two_nodes_and_equals_one_process(spec: ModelSpec) -> None:
     key, submesh = _keys(spec, 2, 2)[0]
     pool = _pool(spec)
@@ -114,7 +119,7 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
         # 2 nodes x 2 devices: four 1-device groups, none holding more than its device
         assert [g.shape for g in pool.groups] == [GroupShape(1, 1)] * 4
         assert all(g.info and g.info["num_devices"] == 1 for g in pool.groups)
-        assert not any(_alive(pid) for pid in first)
+        assert not any(alive(pid) for pid in first)
         assert len({g.processes[0].split(":")[0] for g in pool.groups}) == 2
         for key, mesh in ones[1:4]:
             assert pool.accepts(mesh)
@@ -142,7 +147,7 @@ def test_a_dead_rank_loses_its_candidate_and_the_group_goes_on(spec: ModelSpec) 
         assert pool.actors_replaced == 2  # the whole group, not only the dead rank
         after = pool.actor_pids()
         assert not set(after) & set(before)
-        assert not any(_alive(pid) for pid in before)
+        assert not any(alive(pid) for pid in before)
         pool.submit(CandidateTask("y", key, mesh))
         result = _result(pool)
         assert result.status == ProfileStatus.ok, result.error
@@ -174,4 +179,86 @@ def test_ranks_time_out_together(spec: ModelSpec) -> None:
         assert time.monotonic() - began < 30
         assert pool.actors_replaced == 0  # both ranks answered: the group lives on
     finally:
+        pool.shutdown()
+
+
+def test_a_wait_for_devices_another_job_holds_is_said_and_bounded(spec: ModelSpec) -> None:
+    (key, mesh), *_ = _keys(spec, 2, 2)
+    held = hold_the_cluster()
+    told: list[Any] = []
+    pool = GroupPool(
+        PoolConfig(device_wait_s=WAIT_NOTICE_S + 2),
+        model_key="m",
+        spec=spec,
+        cluster=CLUSTER,
+        options=OPTIONS,
+        failure_result=_failure,
+        on_wait=lambda shape, waited: told.append((shape, waited)),
+    )
+    try:
+        pool.submit(CandidateTask("w", key, mesh))
+        status, error = _result(pool, timeout_s=30)
+        assert status == ProfileStatus.runtime_error
+        assert "held by another job" in error
+        assert [t[1] for t in told][0] is None  # said while waiting
+        assert told[-1][0] == GroupShape(2, 2) and told[-1][1] >= WAIT_NOTICE_S + 2
+        assert pool.actors_started == 0
+        assert [t["placement_group_id"] for t in live_groups()] == [held.id.hex()]
+        # The job waited its bound for that shape: its other stages of the shape fail at once.
+        waits = len(told)
+        pool.submit(CandidateTask("w2", key, mesh))
+        assert "held by another job" in _result(pool, timeout_s=1)[1]
+        assert len(told) == waits
+    finally:
+        pool.shutdown()
+        remove_placement_group(held)
+    assert wait_all_removed()
+
+
+def test_a_pool_asks_only_for_the_groups_it_can_use_and_gives_idle_ones_back(
+    spec: ModelSpec,
+) -> None:
+    (key, mesh), *_ = _keys(spec, 1, 1)
+    pool = _pool(spec)
+    try:
+        pool.submit(CandidateTask("one", key, mesh), wanted=1)
+        assert len(pool.groups) == 1  # four fit, one is asked for
+        assert len(live_groups()) == 1
+        assert _result(pool).status == ProfileStatus.ok
+        assert pool.release_idle() == 1
+        assert not pool.groups
+        assert wait_all_removed()
+    finally:
+        pool.shutdown()
+
+
+def test_a_rank_dying_while_joining_fails_its_group_within_seconds(
+    spec: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 is held before `jax.distributed.initialize` (the `HOLD_JOIN_ENV` hook) while
+    rank 0 waits in it; killing rank 1 ends rank 0 within seconds, and the group is started
+    afresh on its placement group, which measures the candidate."""
+    monkeypatch.setenv(HOLD_JOIN_ENV, str(tmp_path))
+    (key, mesh), *_ = _keys(spec, 2, 2)
+    pool = _pool(spec)
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(pool.submit(CandidateTask("j", key, mesh))))
+    try:
+        thread.start()
+        port, pid = held_rank(tmp_path)
+        peer = rank0_of(tmp_path, port)
+        os.kill(pid, 9)
+        killed = time.monotonic()
+        while alive(peer):
+            assert time.monotonic() - killed < 10, "rank 0 still waits in its group's join"
+            time.sleep(0.1)
+        thread.join(timeout=120)
+        assert not thread.is_alive() and box == [None]
+        assert pool._starter.failed_joins == 1
+        (group,) = pool.groups
+        assert peer not in group.pids and pid not in group.pids
+        result = _result(pool)
+        assert result.status == ProfileStatus.ok, result.error
+    finally:
+        thread.join(timeout=120)
         pool.shutdown()

@@ -28,7 +28,14 @@ logger = logging.getLogger(__name__)
 
 # Measurement settings of this process that its actors follow (workers.measure.quiet, timing).
 FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock")
+# A backstop only: the group start kills a group's ranks as soon as one dies while joining.
 JOIN_TIMEOUT_S = 120
+# Test hook (tests/multihost): with STAGEPROF_TEST_HOLD_JOIN=<dir>, each rank of a group
+# writes `<dir>/join-<coordinator port>-<rank>-<pid>` as it joins, and the first rank > 0 to
+# create `<dir>/held` writes `<port> <pid>` there and sleeps `HOLD_JOIN_S` before joining,
+# so a test can kill it while its peers wait in `jax.distributed.initialize`.
+HOLD_JOIN_ENV = "STAGEPROF_TEST_HOLD_JOIN"
+HOLD_JOIN_S = 30.0
 
 
 def worker_env(devices: int, use_gpus: bool, rank: int = 0) -> dict[str, str]:
@@ -37,6 +44,8 @@ def worker_env(devices: int, use_gpus: bool, rank: int = 0) -> dict[str, str]:
     machine's quiet-timing lock: ranks of one group that share a machine would otherwise
     wait for each other inside a collective."""
     forwarded = env_forwarded(FORWARDED_SETTINGS)
+    if HOLD_JOIN_ENV in os.environ:
+        forwarded[HOLD_JOIN_ENV] = os.environ[HOLD_JOIN_ENV]
     if rank > 0:
         forwarded[env_name("quiet_timing")] = "0"
     if use_gpus:
@@ -67,6 +76,7 @@ class HostWorker:
         import jax
 
         if self.size > 1:
+            _hold_join(coordinator or "", self.rank)
             if not self.use_gpus:
                 jax.config.update("jax_cpu_collectives_implementation", "gloo")
             jax.distributed.initialize(
@@ -103,6 +113,27 @@ class HostWorker:
         return result.model_copy(
             update={"fingerprint": fingerprint, "key": key, "measured_by": (self.ident,)}
         )
+
+
+def _hold_join(coordinator: str, rank: int) -> None:
+    """The `HOLD_JOIN_ENV` test hook (a no-op unless it is set)."""
+    hold = os.environ.get(HOLD_JOIN_ENV)
+    if not hold:
+        return
+    import time
+
+    port, pid = coordinator.rsplit(":", 1)[-1], os.getpid()
+    with open(os.path.join(hold, f"join-{port}-{rank}-{pid}"), "w"):
+        pass
+    if rank == 0:
+        return
+    try:
+        fd = os.open(os.path.join(hold, "held"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{port} {pid}")
+    time.sleep(HOLD_JOIN_S)
 
 
 @dataclass

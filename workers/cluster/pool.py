@@ -27,7 +27,7 @@ from schemas import (
     StageProfileResult,
     SubmeshShape,
 )
-from workers.cluster.group_start import GroupStarter
+from workers.cluster.group_start import START_TIMEOUT_S, DevicesBusy, GroupStarter, WaitListener
 from workers.cluster.host_group import MeasuringGroup, combine
 from workers.cluster.placement import GroupShape, Layout, measuring_nodes
 
@@ -58,6 +58,9 @@ class PoolConfig:
     use_gpus: bool = False
     cpus_per_process: float = 1.0
     kill_grace_s: float = KILL_GRACE_S
+    # How long the pool waits for devices another job holds before the stages of that shape
+    # fail (the wait is reported after `group_start.WAIT_NOTICE_S`).
+    device_wait_s: float = START_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class GroupPool:
         retry: CandidateRetry | None = None,
         layout: Layout | None = None,
         check: Callable[[], None] | None = None,
+        on_wait: WaitListener | None = None,
     ) -> None:
         self.config = config
         self.retry = retry or CandidateRetry()
@@ -114,13 +118,22 @@ class GroupPool:
         self._cluster = cluster
         self._options = options
         self._failure_result = failure_result
-        self._starter = GroupStarter(self.layout, check or (lambda: None))
+        self._starter = GroupStarter(
+            self.layout,
+            check or (lambda: None),
+            device_wait_s=config.device_wait_s,
+            on_wait=on_wait,
+        )
         self._queue: deque[CandidateTask] = deque()
         self._attempts = _Attempts()
         self._groups: list[MeasuringGroup] = []
         self._shape: GroupShape | None = None
         self._complete = True  # all groups of `_shape` that fit are started
         self._unplaced: list[StageProfileResult] = []
+        self._wanted: int | None = None  # groups of the current shape the caller can use
+        # Shapes none of whose groups was placed within `device_wait_s` (another job holds
+        # their devices): this pool fails their stages at once from then on.
+        self._busy: dict[GroupShape, str] = {}
         self.actors_replaced = 0
         self.shapes: list[GroupShape] = []  # every shape measured, in order
 
@@ -148,9 +161,22 @@ class GroupPool:
             return False
         return len(self._queue) < sum(g.task is None for g in self._groups)
 
-    def submit(self, task: CandidateTask) -> None:
+    def submit(self, task: CandidateTask, wanted: int | None = None) -> None:
+        """Queue `task`; `wanted`: how many groups of its shape the caller has stages for
+        now (the pool asks Ray for no more; default: all that fit)."""
         self._queue.append(task)
+        self._wanted = wanted
         self._dispatch()
+
+    def release_idle(self) -> int:
+        """Give back the groups that run nothing (their stages are done, and the caller has
+        no more of their shape for now); returns how many."""
+        idle = [g for g in self._groups if g.task is None] if not self._queue else []
+        for group in idle:
+            self._drop(group)
+        if idle:
+            self._complete = False
+        return len(idle)
 
     @property
     def busy(self) -> bool:
@@ -195,6 +221,10 @@ class GroupPool:
         while self._queue:
             task = self._queue[0]
             shape = self.layout.shape_for(task.submesh)
+            if shape in self._busy:
+                self._queue.popleft()
+                self._unplaced.append(self._unplaceable(task, shape))
+                continue
             if shape != self._shape:
                 if any(g.task is not None for g in self._groups):
                     return  # the current shape finishes first
@@ -226,10 +256,12 @@ class GroupPool:
         ]
 
     def _switch(self, shape: GroupShape, count: int | None = None) -> None:
-        """Respawn the pool for `shape`: `count` groups (default: all that fit)."""
+        """Respawn the pool for `shape`: `count` groups (default: as many as the caller
+        wants, at most all that fit)."""
         self.shutdown()
         self._shape = shape
         fit = self.layout.groups_that_fit(shape)
+        count = self._wanted if count is None else count
         want = fit if count is None else min(count, fit)
         self._complete = want >= fit
         if want == 0:
@@ -237,14 +269,26 @@ class GroupPool:
             return
         logger.info("measuring with %d group(s) of %s", want, shape)
         self.shapes.append(shape)
-        self._groups = self._starter.new_groups(shape, want)
+        try:
+            self._groups = self._starter.new_groups(shape, want)
+        except DevicesBusy as err:
+            self._busy[shape] = str(err)
 
     def _grow(self) -> None:
+        """More groups of the current shape, those Ray places at once: a pool that holds
+        groups never waits for another job's devices."""
         assert self._shape is not None
         more = self.layout.groups_that_fit(self._shape) - len(self._groups)
+        if self._wanted is not None:
+            more = min(more, self._wanted - len(self._groups))
         self._complete = True
         if more > 0:
-            self._groups.extend(self._starter.new_groups(self._shape, more))
+            try:
+                self._groups.extend(
+                    self._starter.new_groups(self._shape, more, holding=bool(self._groups))
+                )
+            except DevicesBusy as err:
+                self._busy[self._shape] = str(err)
 
     def _drop(self, group: MeasuringGroup) -> None:
         group.kill()
@@ -329,12 +373,11 @@ class GroupPool:
         ]
 
     def _unplaceable(self, task: CandidateTask, shape: GroupShape) -> StageProfileResult:
-        return self._failure_result(
-            task,
-            ProfileStatus.runtime_error,
+        why = self._busy.get(shape) or (
             f"submesh {task.submesh} needs a group of {shape}, which no Ray node set fits "
-            f"(nodes: {self.layout.describe()})",
+            f"(nodes: {self.layout.describe()})"
         )
+        return self._failure_result(task, ProfileStatus.runtime_error, why)
 
 
 def _outcome(ref: ObjectRef) -> object:

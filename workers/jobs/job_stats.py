@@ -20,6 +20,9 @@ class JobStats:
     actors_replaced: int = 0
     waited: int = 0  # stages another runner was measuring, whose result this job waited for
     store_seconds: float = 0.0  # the measuring phase's time writing results to the store
+    device_wait_seconds: float = 0.0  # waiting for devices another job held
+    # Set while the job waits for devices another job holds (what its progress says).
+    waiting_for_devices: str | None = None
 
     @property
     def candidates(self) -> int:
@@ -52,6 +55,7 @@ class JobStats:
             "actors_started": self.actors_started,
             "actors_replaced": self.actors_replaced,
             "waited": self.waited,
+            "device_wait_seconds": self.device_wait_seconds,
         }
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 import planner
 import store
 from schemas import StageKey, StageProfileResult, SubmeshShape
-from workers.cluster import CandidateTask, GroupPool
+from workers.cluster import CandidateTask, GroupPool, GroupShape
 from workers.jobs.heartbeat import LeaseKeeper
 from workers.jobs.job_stats import JobStats, ProgressCallback
 from workers.jobs.retry import StoreRetry, is_transient
@@ -35,6 +35,7 @@ class MeasuringPhase:
         start_pool: Callable[[], GroupPool],
         poll_seconds: float,
         on_progress: ProgressCallback | None,
+        stats: JobStats | None = None,
     ) -> None:
         self.store = store
         self.job_id = job_id
@@ -42,6 +43,23 @@ class MeasuringPhase:
         self.poll_seconds = poll_seconds
         self.on_progress = on_progress
         self.pool: GroupPool | None = None
+        self.stats = stats if stats is not None else JobStats()
+
+    def on_device_wait(self, shape: GroupShape, waited: float | None) -> None:
+        """The pool waits for devices another job holds (`waited` None), or got them after
+        `waited` seconds: said in the job's progress."""
+        stats = self.stats
+        if waited is None:
+            stats.waiting_for_devices = f"waiting for devices held by another job ({shape})"
+            logger.warning("job %s: %s", self.job_id, stats.waiting_for_devices)
+        else:
+            stats.device_wait_seconds += waited
+            if stats.waiting_for_devices is None:
+                return
+            stats.waiting_for_devices = None
+            logger.info("job %s: got the devices for %s after %.1f s", self.job_id, shape, waited)
+        if self.on_progress is not None:
+            self.on_progress(self._job_row(), stats)
 
     def ensure_pool(self) -> GroupPool:
         """The phase's pool, started now if it is not yet."""
@@ -100,7 +118,13 @@ class MeasuringPhase:
                 if claim != OURS:
                     continue
                 key = keys_by_fp[fp][0]
-                self.ensure_pool().submit(CandidateTask(fp, key, submeshes[key.submesh_id]))
+                pool = self.ensure_pool()
+                wanted = _same_shape(pool, queue, keys_by_fp, submeshes, key)
+                pool.submit(CandidateTask(fp, key, submeshes[key.submesh_id]), wanted)
+            if self.pool is not None and (
+                not queue or not self.pool.accepts(submeshes[keys_by_fp[queue[0]][0].submesh_id])
+            ):
+                self.pool.release_idle()  # nothing of their shape comes next: give them back
             if skipped:
                 self._store_pruned(skipped, stats)
             settled, freed = ledger.settle_waiting()
@@ -158,3 +182,22 @@ class MeasuringPhase:
         stats.store_seconds += time.perf_counter() - began
         if self.on_progress is not None:
             self.on_progress(job, stats)
+
+
+def _same_shape(
+    pool: GroupPool,
+    queue: deque[str],
+    keys_by_fp: dict[str, list[StageKey]],
+    submeshes: Sequence[SubmeshShape],
+    key: StageKey,
+) -> int:
+    """Groups of `key`'s shape the phase can use now: that stage and those of its shape
+    next in `queue` (stages are queued shape by shape), at most as many as fit."""
+    shape = pool.layout.shape_for(submeshes[key.submesh_id])
+    fit = pool.layout.groups_that_fit(shape)
+    n = 1
+    for fp in queue:
+        if n >= fit or pool.layout.shape_for(submeshes[keys_by_fp[fp][0].submesh_id]) != shape:
+            break
+        n += 1
+    return n

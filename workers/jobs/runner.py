@@ -56,6 +56,10 @@ from workers.jobs.stage_order import by_group_shape, measure_order
 Results = Mapping[tuple[int, int, int, int], StageProfileResult]
 logger = logging.getLogger(__name__)
 
+# The default bound on a wait for devices another runner holds: longer than a shape of a
+# typical job takes on them (the holder gives its groups back between shapes).
+DEVICE_WAIT_S = 600.0
+
 
 @dataclass(frozen=True)
 class RunnerConfig:
@@ -81,6 +85,9 @@ class RunnerConfig:
     # a candidate's fingerprint then also names its (start, end, submesh, config).
     reuse_stages: bool = True
     retry: CandidateRetry = field(default_factory=CandidateRetry)
+    # Most seconds a job waits for devices another runner's job holds (said in its progress
+    # after a few seconds); past it the stages of that group shape fail (runtime_error).
+    device_wait_s: float = DEVICE_WAIT_S
 
 
 class JobRunner:
@@ -306,6 +313,7 @@ class JobRunner:
                 retry=self.config.retry,
                 layout=layout,
                 check=keeper.check,
+                on_wait=phase.on_device_wait,
             )
 
         phase = self.phase = MeasuringPhase(
@@ -314,6 +322,7 @@ class JobRunner:
             start_pool=start_pool,
             poll_seconds=self.config.poll_seconds,
             on_progress=self.on_progress,
+            stats=stats,
         )
         if self._worker_info is None:  # first job of this runner: ask the actors once
             # stages are measured small first, on the largest submesh first (measure_order)
@@ -421,6 +430,7 @@ class JobRunner:
             one_shape=one_shape,
             use_gpus=self.config.use_gpus,
             kill_grace_s=self.config.kill_grace_s,
+            device_wait_s=self.config.device_wait_s,
         )
 
 
