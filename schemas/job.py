@@ -80,6 +80,11 @@ class Job(Frozen):
     error: str | None = None
     lease_owner: str | None = None
     cancel_requested: bool = False
+    waiting: str | None = Field(
+        None,
+        description="What the job is waiting for right now, e.g. 'waiting for devices held by "
+        "another job (...)'; null when it is not waiting.",
+    )
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None

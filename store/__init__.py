@@ -31,6 +31,7 @@ from store.jobs import (
     request_cancel,
     set_job_model,
     set_job_status,
+    set_job_waiting,
 )
 from store.models import (
     OldModelForm,
@@ -102,5 +103,6 @@ __all__ = [
     "session_scope",
     "set_job_model",
     "set_job_status",
+    "set_job_waiting",
     "utcnow",
 ]

@@ -212,6 +212,17 @@ def set_job_model(session: Session, *, job_id: str, model_id: str) -> None:
     )
 
 
+def set_job_waiting(session: Session, *, job_id: str, owner: str, waiting: str | None) -> bool:
+    """Say what a running job waits for (None: nothing); only its lease owner may."""
+    result = session.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.lease_owner == owner, JobRow.status.not_in(FINISHED))
+        .values(waiting=waiting[:256] if waiting else None)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
 def finish_job(
     session: Session,
     *,
@@ -234,6 +245,7 @@ def finish_job(
             status=status.value,
             plan=plan.model_dump(mode="json") if plan is not None else None,
             error=error,
+            waiting=None,
             finished_at=utcnow(),
             lease_expires_at=None,
         )
@@ -332,6 +344,7 @@ def job_to_schema(session: Session, row: JobRow) -> Job:
         error=row.error,
         lease_owner=row.lease_owner,
         cancel_requested=row.cancel_requested,
+        waiting=row.waiting,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,

@@ -74,6 +74,8 @@ class JobRow(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # What the job waits for right now (devices another job holds), or null.
+    waiting: Mapped[str | None] = mapped_column(String(256))
     # The client's Idempotency-Key and the server's hash of the canonical request (0005).
     idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True, index=True)
     request_hash: Mapped[str | None] = mapped_column(String(HASH_LEN), index=True)

@@ -73,6 +73,7 @@ class JobSnapshot:
     pruned: int
     done: int
     pending: int
+    waiting: str | None = None
 
 
 @contextmanager
@@ -88,7 +89,7 @@ def progress_bar(console: Console) -> Iterator[ProgressUpdate]:
 
 def job_snapshot(job: Job) -> JobSnapshot:
     """A job from the API as the progress displays read it: its status and its counts."""
-    return JobSnapshot(status=job.status, **job.progress.model_dump())
+    return JobSnapshot(status=job.status, waiting=job.waiting, **job.progress.model_dump())
 
 
 def stats_of(progress: JobProgress, wall_seconds: float) -> dict[str, Any]:
@@ -107,10 +108,11 @@ def progress_line(job: JobCounts | None, elapsed_s: float) -> str:
     eta = ""
     if 0 < done < total:
         eta = f", ETA {elapsed_s / done * (total - done):.0f}s"
+    waiting = getattr(job, "waiting", None)
     return (
         f"{phase}: {done}/{total} stages done (measured {job.measured}, reused "
         f"{job.reused}, pruned {job.pruned}, failed {job.failed}; {job.candidates} "
-        f"candidates), {elapsed_s:.0f}s elapsed{eta}"
+        f"candidates), {elapsed_s:.0f}s elapsed{eta}" + (f"; {waiting}" if waiting else "")
     )
 
 
@@ -136,7 +138,7 @@ def plain_progress(stream: IO[str], interval_s: float = 10.0) -> Iterator[Progre
             stream.flush()
 
     def update(job: JobCounts | None, _stats: object) -> None:
-        phase = getattr(job, "status", None)
+        phase = (getattr(job, "status", None), getattr(job, "waiting", None))
         with lock:
             changed = phase != state["phase"]
             state["job"], state["phase"], state["unprinted"] = job, phase, True
@@ -184,9 +186,10 @@ def _rich_progress(console: Console) -> Iterator[ProgressUpdate]:
     def update(job: JobCounts | None, _stats: object) -> None:
         if job is None:
             return
+        waiting = getattr(job, "waiting", None)
         progress.update(
             task,
-            phase=_phase(job),
+            phase=f"{_phase(job)} ({waiting})" if waiting else _phase(job),
             total=job.distinct_stages,
             completed=job.done,
             reused=job.reused,

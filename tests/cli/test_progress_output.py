@@ -56,3 +56,16 @@ def test_plain_progress_ends_with_the_last_counts_once() -> None:
         update(_job("done", 4, 4), None)  # the final counts, as stored
     lines = stream.getvalue().splitlines()
     assert [ln.split(":")[0] for ln in lines] == ["starting", "planning", "done"]
+
+
+def test_a_job_waiting_for_devices_says_so_at_once() -> None:
+    waiting = "waiting for devices held by another job (1 x 4)"
+    stream = io.StringIO()
+    with plain_progress(stream, interval_s=60) as update:
+        update(_job("profiling", 4, 1), None)
+        update(SimpleNamespace(**vars(_job("profiling", 4, 1)), waiting=waiting), None)
+        update(SimpleNamespace(**vars(_job("profiling", 4, 1)), waiting=None), None)
+    lines = stream.getvalue().splitlines()
+    assert lines[1].startswith("profiling: 1/4") and waiting not in lines[1]
+    assert lines[2].endswith(f"; {waiting}")  # a line of its own, without the timer
+    assert waiting not in lines[3]

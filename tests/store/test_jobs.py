@@ -24,6 +24,7 @@ from store import (
     request_cancel,
     save_profile,
     session_scope,
+    set_job_waiting,
     utcnow,
 )
 from tests.store.factories import profile, tiny_spec
@@ -198,3 +199,17 @@ def test_models_listed_newest_first(session: Session) -> None:
     ids = [m.id for m in list_models(session, limit=10)]
     assert ids.index(b.id) < ids.index(a.id)
     assert get_model_row(session, model_id=a.id) is a
+
+
+def test_a_running_job_says_what_it_waits_for_until_it_ends(session: Session) -> None:
+    job = _job(session)
+    claim_job(session, owner="r1", lease_seconds=30)
+    waiting = "waiting for devices held by another job (2 x 4)"
+    assert not set_job_waiting(session, job_id=job.id, owner="r2", waiting=waiting)
+    assert job_to_schema(session, get_job(session, job_id=job.id)).waiting is None
+    assert set_job_waiting(session, job_id=job.id, owner="r1", waiting=waiting)
+    session.expire_all()
+    assert job_to_schema(session, get_job(session, job_id=job.id)).waiting == waiting
+    finish_job(session, job_id=job.id, owner="r1", status=JobStatus.done)
+    session.expire_all()
+    assert job_to_schema(session, get_job(session, job_id=job.id)).waiting is None

@@ -32,6 +32,7 @@ class MeasuringPhase:
         store: StoreRetry,
         *,
         job_id: str,
+        owner: str,
         start_pool: Callable[[], GroupPool],
         poll_seconds: float,
         on_progress: ProgressCallback | None,
@@ -39,6 +40,7 @@ class MeasuringPhase:
     ) -> None:
         self.store = store
         self.job_id = job_id
+        self.owner = owner
         self.start_pool = start_pool
         self.poll_seconds = poll_seconds
         self.on_progress = on_progress
@@ -58,8 +60,22 @@ class MeasuringPhase:
                 return
             stats.waiting_for_devices = None
             logger.info("job %s: got the devices for %s after %.1f s", self.job_id, shape, waited)
+        self._store_waiting(stats.waiting_for_devices)
         if self.on_progress is not None:
             self.on_progress(self._job_row(), stats)
+
+    def _store_waiting(self, waiting: str | None) -> None:
+        """Best effort: the job row says what it waits for (an outage only delays it)."""
+        job_id, owner = self.job_id, self.owner
+
+        def put(s: Session) -> bool:
+            return store.set_job_waiting(s, job_id=job_id, owner=owner, waiting=waiting)
+
+        try:
+            self.store.once("waiting", put)
+        except Exception as err:
+            if not is_transient(err):
+                raise
 
     def ensure_pool(self) -> GroupPool:
         """The phase's pool, started now if it is not yet."""

@@ -319,6 +319,7 @@ class JobRunner:
         phase = self.phase = MeasuringPhase(
             self.store,
             job_id=job_id,
+            owner=self.config.owner,
             start_pool=start_pool,
             poll_seconds=self.config.poll_seconds,
             on_progress=self.on_progress,
