@@ -199,13 +199,24 @@ class PlannedStage(Frozen):
 
 
 class ScheduleEvent(Frozen):
-    """One forward or backward of one micro-batch on one stage (1F1B schedule model)."""
+    """One op of one micro-batch on one stage (chunk) in the simulated schedule."""
 
-    stage: int = Field(ge=0)
+    stage: int = Field(ge=0, description="The stage (interleaved: the model chunk).")
     microbatch: int = Field(ge=0)
-    kind: Literal["forward", "backward"]
+    kind: Literal["forward", "backward", "weight"] = Field(
+        description="forward; backward (input gradients only when the backward is split); "
+        "weight (the weight gradients of a split backward)."
+    )
     start_s: float = Field(ge=0, description="Start time, seconds from iteration start.")
     end_s: float = Field(ge=0, description="End time, seconds.")
+    device_group: int | None = Field(
+        None, ge=0, description="The device group it runs on; null (stored before): the stage."
+    )
+
+    @property
+    def group(self) -> int:
+        """The device group, the stage's own when not recorded."""
+        return self.stage if self.device_group is None else self.device_group
 
 
 class BaselinePlan(Frozen):
