@@ -82,8 +82,6 @@ def _fixed(orders: list[list[Op]]) -> list[FixedOrder]:
     return [FixedOrder(o) for o in orders]
 
 
-
-
 def simulate_1f1b(
     forward_costs: Sequence[float], backward_costs: Sequence[float], num_microbatches: int
 ) -> Schedule:
@@ -216,3 +214,40 @@ def simulate_zb_h1(
         "weight": weight_grad_costs,
     }
     return _schedule(run(durations, list(range(p)), policies))
+
+
+def interleaved_in_flight(num_groups: int, num_chunks: int, num_microbatches: int) -> list[int]:
+    """Per chunk (stage `c * p + g`), the most micro-batches it keeps at once under
+    `interleaved_order` (fixed by the order alone: a device group runs its ops one by one)."""
+    p, v = num_groups, num_chunks
+    out = [0] * (p * v)
+    for g in range(p):
+        count = [0] * (p * v)
+        for kind, k, _ in interleaved_order(g, p, v, num_microbatches):
+            count[k] += 1 if kind == "forward" else -1
+            out[k] = max(out[k], count[k])
+    return out
+
+
+def simulate(
+    name: str,
+    forward: Sequence[float],
+    backward: Sequence[float],
+    num_microbatches: int,
+    weight: Sequence[float] | None = None,
+    num_groups: int | None = None,
+) -> Schedule:
+    """Simulate a schedule by name; `backward` is B and `weight` W for zb-h1, and
+    `num_groups` the device groups of interleaved (default: one per stage)."""
+    if name == "1f1b":
+        return simulate_1f1b(forward, backward, num_microbatches)
+    if name == "gpipe":
+        return simulate_gpipe(forward, backward, num_microbatches)
+    if name == "interleaved":
+        groups = len(forward) if num_groups is None else num_groups
+        return simulate_interleaved(forward, backward, num_microbatches, groups)
+    if name == "zb-h1":
+        if weight is None:
+            raise ValueError("zb-h1 needs the weight-gradient (W) time of every stage")
+        return simulate_zb_h1(forward, backward, weight, num_microbatches)
+    raise ValueError(f"unknown schedule {name!r}; use one of {SCHEDULES}")
