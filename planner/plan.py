@@ -155,9 +155,7 @@ def build_plan(
         manual_stage_option=manual_stage_option(stages),
         cost_spread=spread,
         runner_up=runner_up,
-        stability=assess(
-            best.time, runner_up.predicted_iteration_time_s if runner_up else None, noise
-        ),
+        stability=assess(best.time, other_time, noise),
         runner_up_wall_seconds=chosen.seconds,
         schedule_name=chosen.name,  # type: ignore[arg-type]
         virtual_stages=best.virtual_stages,

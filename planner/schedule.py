@@ -171,7 +171,8 @@ class ZeroBubbleH1:
         self.weights_done = 0
 
     def offers(self) -> list[Op]:
-        s, out = self.stage, []
+        s = self.stage
+        out: list[Op] = []
         full = self.next_f - self.weights_done >= self.in_flight
         if self.next_b < self.next_f:
             out.append(("backward", s, self.next_b))

@@ -234,9 +234,47 @@ def _interleaved(
             result = sum_max_dp(
                 t / v, t, allow, np.zeros(num_configs, dtype=np.int64), 0, micro * v - 1, chunks
             )
+            if not result.feasible:
+                why.append(
+                    f"{p} groups of {hosts}x{per_host}, {v} chunks each: no measured chunks "
+                    "cover the layers within memory"
+                )
             for value, plan in result.found[:TOP]:
                 out.append((value, [(i, e, m, c) for i, e, c in plan], v, p))
     return out, why
+
+
+def proposals(
+    name: str,
+    table: CostTable,
+    space: CandidateSpace,
+    num_devices: int,
+    micro: int,
+    config_rank: NDArray[np.int64],
+    virtual_stages: int | None = None,
+) -> tuple[list[tuple[float, list[Key], int, int]], str | None]:
+    """What the schedule's search proposes, `(objective, keys, v, device groups)`, its best
+    first (interleaved: best first per submesh shape and v), or why it proposes nothing."""
+    shapes = [s.as_tuple() for s in space.submeshes]
+    num_configs = table.dp_cost.shape[3]
+    sizes = np.repeat(np.array([h * d for h, d in shapes], dtype=np.int64), num_configs)
+    if name == "1f1b":
+        plans = _one_f_one_b(table, shapes, num_devices, micro, config_rank)
+        return [(c, k, 1, len(k)) for c, k in plans], None
+    if name == "gpipe":
+        return [(c, k, 1, len(k)) for c, k in _gpipe(table, sizes, num_devices, micro)], None
+    if name == "zb-h1":
+        if not np.isfinite(table.input_grad + table.weight_grad).any():
+            return [], NOT_SPLIT
+        plans = _zero_bubble(table, sizes, num_devices, micro)
+        return [(c, k, 1, len(k)) for c, k in plans], None
+    if name == "interleaved":
+        found, why = _interleaved(table, shapes, num_devices, micro, virtual_stages)
+        reason = "; ".join(why) or (
+            "no submesh shape splits the devices into 2 or more equal device groups"
+        )
+        return found, None if found else reason
+    raise ValueError(f"unknown schedule {name!r}")
 
 
 def search_schedule(
@@ -250,30 +288,7 @@ def search_schedule(
 ) -> ScheduleSearch:
     """The schedule's best plans by simulated time (see the module docstring)."""
     began = time.perf_counter()
-    shapes = [s.as_tuple() for s in space.submeshes]
-    sizes = np.repeat(np.array([h * d for h, d in shapes], dtype=np.int64), table.dp_cost.shape[3])
-    found: list[tuple[float, list[Key], int, int]] = []
-    reason: str | None = None
-    if name == "1f1b":
-        found = [
-            (c, k, 1, len(k))
-            for c, k in _one_f_one_b(table, shapes, num_devices, micro, config_rank)
-        ]
-    elif name == "gpipe":
-        found = [(c, k, 1, len(k)) for c, k in _gpipe(table, sizes, num_devices, micro)]
-    elif name == "zb-h1":
-        if not np.isfinite(table.input_grad + table.weight_grad).any():
-            reason = NOT_SPLIT
-        else:
-            found = [(c, k, 1, len(k)) for c, k in _zero_bubble(table, sizes, num_devices, micro)]
-    elif name == "interleaved":
-        found, why = _interleaved(table, shapes, num_devices, micro, virtual_stages)
-        if not found:
-            reason = "; ".join(why) or (
-                "no submesh shape splits the devices into 2 or more equal device groups"
-            )
-    else:
-        raise ValueError(f"unknown schedule {name!r}")
+    found, reason = proposals(name, table, space, num_devices, micro, config_rank, virtual_stages)
     ranked = rank(table, name, found, micro)
     if not ranked and reason is None:
         reason = (
