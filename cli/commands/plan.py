@@ -51,6 +51,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser.add_argument(
         "--communication", action="store_true", help="add inter-stage transfer time"
     )
+    parser.add_argument(
+        "--schedule",
+        default="auto",
+        choices=["auto", "1f1b", "gpipe", "interleaved", "zb-h1"],
+        help="pipeline schedule; auto: the fastest in simulated time, the others shown beside it",
+    )
+    parser.add_argument(
+        "--virtual-stages",
+        type=int,
+        default=None,
+        metavar="V",
+        help="model chunks per device group for interleaved (default: chosen by the planner)",
+    )
     parser.add_argument("--server", help="run the job on a stageprof server at this URL")
     parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
     parser.add_argument(
@@ -85,6 +98,8 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         **measurement_options(args),
         candidate_timeout_s=args.timeout,
         include_communication=args.communication,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
     )
     return cluster, options
 
