@@ -100,6 +100,23 @@ def check_costs(name: str, costs: Sequence[float], num_stages: int) -> None:
             raise ValueError(f"{name} cost of stage {s} must be finite and >= 0, got {c}")
 
 
+def _earliest(
+    policy: Policy, free: float, end: dict[Op, float], num_stages: int
+) -> tuple[float, Op] | None:
+    """The op of `policy` that can start first (ties: the one it prefers), or None."""
+    if policy.done():
+        return None
+    best: tuple[float, Op] | None = None
+    for op in policy.offers():
+        deps = dependencies(op, num_stages)
+        if any(d not in end for d in deps):
+            continue
+        begin = max([free, *(end[d] for d in deps)])
+        if best is None or begin < best[0]:
+            best = (begin, op)
+    return best
+
+
 def run(
     durations: dict[Kind, Sequence[float]],
     group_of: Sequence[int],
@@ -112,30 +129,34 @@ def run(
     ops: list[Timed] = []
     activations, stashes = [0] * num_stages, [0] * num_stages
     max_act, max_stash = [0] * num_stages, [0] * num_stages
+    # Each group's earliest startable op, recomputed only when something it waits on changed.
+    candidate: list[tuple[float, Op] | None] = [None] * num_groups
+    dirty = set(range(num_groups))
     while True:
-        best: tuple[float, int, Op] | None = None
-        pending = False
-        for g, policy in enumerate(policies):
-            if policy.done():
-                continue
-            pending = True
-            for op in policy.offers():
-                deps = dependencies(op, num_stages)
-                if any(d not in end for d in deps):
-                    continue
-                begin = max([free[g], *(end[d] for d in deps)])
-                if best is None or begin < best[0]:
-                    best = (begin, g, op)
-        if not pending:
+        for g in dirty:
+            candidate[g] = _earliest(policies[g], free[g], end, num_stages)
+        dirty.clear()
+        best_g = -1
+        for g in range(num_groups):
+            c = candidate[g]
+            if c is not None and (best_g < 0 or c[0] < candidate[best_g][0]):  # type: ignore[index]
+                best_g = g
+        if best_g < 0:
+            if any(not p.done() for p in policies):
+                raise AssertionError("the schedule's op orders deadlocked")
             break
-        if best is None:
-            raise AssertionError("the schedule's op orders deadlocked")
-        begin, g, op = best
+        g = best_g
+        begin, op = candidate[g]  # type: ignore[misc]
         kind, k, i = op
         policies[g].commit(op)
         finish = begin + float(durations[kind][k])
         end[op] = free[g] = finish
         ops.append(Timed(kind, k, i, begin, finish, g))
+        dirty.add(g)
+        if k > 0:
+            dirty.add(group_of[k - 1])
+        if k < num_stages - 1:
+            dirty.add(group_of[k + 1])
         if kind == "forward":
             activations[k] += 1
             max_act[k] = max(max_act[k], activations[k])

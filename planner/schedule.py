@@ -5,7 +5,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from planner.engine import FixedOrder, Kind, Op, Simulation, check_costs, run
+from planner.engine import FixedOrder, Kind, Op, Simulation, Timed, check_costs, run
 from schemas import ScheduleEvent
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -18,30 +18,33 @@ class Schedule:
     `iteration_time_s`: end of the last event. `bubble_fraction`: idle share of the device
     groups' time, `1 - sum(busy) / (groups * iteration_time)`. `max_activations[s]`: the most
     micro-batches stage `s` keeps activations of at once; `max_weight_stashes[s]`: the most
-    weight stashes (split backward) it keeps at once.
+    weight stashes (split backward) it keeps at once. `events`: the ops as `ScheduleEvent`s.
     """
 
-    events: list[ScheduleEvent] = field(default_factory=list)
+    ops: list[Timed] = field(default_factory=list)
     iteration_time_s: float = 0.0
     bubble_fraction: float = 0.0
     max_activations: list[int] = field(default_factory=list)
     max_weight_stashes: list[int] = field(default_factory=list)
 
+    @property
+    def events(self) -> list[ScheduleEvent]:
+        return [
+            ScheduleEvent(
+                stage=t.stage,
+                microbatch=t.microbatch,
+                kind=t.kind,
+                start_s=t.start_s,
+                end_s=t.end_s,
+                device_group=t.device_group,
+            )
+            for t in self.ops
+        ]
+
 
 def _schedule(sim: Simulation) -> Schedule:
-    events = [
-        ScheduleEvent(
-            stage=t.stage,
-            microbatch=t.microbatch,
-            kind=t.kind,
-            start_s=t.start_s,
-            end_s=t.end_s,
-            device_group=t.device_group,
-        )
-        for t in sim.ops
-    ]
     return Schedule(
-        events=events,
+        ops=sim.ops,
         iteration_time_s=sim.iteration_time_s,
         bubble_fraction=sim.bubble_fraction,
         max_activations=sim.max_activations,

@@ -38,7 +38,8 @@ from planner.sum_max_dp import sum_max_dp
 from planner.table import CostTable, Key
 from schemas.plan import MAX_VIRTUAL_STAGES
 
-TOP = 6  # proposals of one search (one submesh shape and v for interleaved) re-ranked
+TOP = 6  # proposals of one search re-ranked by simulation
+VARIANT_SLACK = 1.25  # interleaved: each (shape, v)'s best within this of the best objective
 NOT_SPLIT = (
     "not measured: the backward was not measured split into B (input gradients) and W "
     "(weight gradients); plan with schedule auto or zb-h1 to measure it"
@@ -231,9 +232,9 @@ def _interleaved(
                 )
                 & np.isfinite(t)[None]
             )
-            result = sum_max_dp(
-                t / v, t, allow, np.zeros(num_configs, dtype=np.int64), 0, micro * v - 1, chunks
-            )
+            best = min((value for value, *_ in out), default=math.inf)
+            no_devices = np.zeros(num_configs, dtype=np.int64)
+            result = sum_max_dp(t / v, t, allow, no_devices, 0, micro * v - 1, chunks, best)
             if not result.feasible:
                 why.append(
                     f"{p} groups of {hosts}x{per_host}, {v} chunks each: no measured chunks "
@@ -307,13 +308,23 @@ def search_schedule(
 def rank(
     table: CostTable, name: str, found: list[tuple[float, list[Key], int, int]], micro: int
 ) -> list[Proposal]:
-    """The first `TOP` distinct proposals of each (v, p), simulated, those that fit memory
-    ordered by (simulated time, objective, proposal order)."""
+    """The first `TOP` distinct proposals (interleaved: the `TOP` best objectives over every
+    shape and v, and each (shape, v)'s best within `VARIANT_SLACK` of the best), simulated;
+    those that fit memory ordered by (simulated time, objective, proposal order)."""
     seen: set[tuple[Key, ...]] = set()
     per_variant: dict[tuple[int, int], int] = {}
     proposals: list[tuple[float, float, int, Proposal]] = []
+    # Several variants (interleaved: submesh shapes and v): the best TOP objectives over all
+    # of them, and each variant's best within VARIANT_SLACK of the best objective.
+    best = min((value for value, *_ in found), default=math.inf)
+    ordered = sorted(range(len(found)), key=lambda j: found[j][0])
+    top = set(ordered[:TOP])
     for order, (value, keys, v, p) in enumerate(found):
-        if tuple(keys) in seen or per_variant.get((v, p), 0) >= TOP:
+        first = per_variant.get((v, p), 0) == 0
+        wanted = order in top or (first and value <= VARIANT_SLACK * best)
+        if name != "interleaved":
+            wanted = per_variant.get((v, p), 0) < TOP
+        if tuple(keys) in seen or not wanted:
             continue
         seen.add(tuple(keys))
         per_variant[(v, p)] = per_variant.get((v, p), 0) + 1

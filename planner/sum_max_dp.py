@@ -139,13 +139,15 @@ def sum_max_dp(
     num_devices: int,
     weight: float,
     num_stages: int = ANY_COUNT,
+    ceiling: float = math.inf,
 ) -> SumMaxResult:
     """Plans minimising `Σ a + weight · max b` on exactly `num_devices` (see the module).
 
     `a`, `b`: `[L, L, K]` (inf: unusable); `allow`: `[Q, L, L, K]`, whether a stage may have
     `q` stages after it (row `Q - 1`: `q >= Q - 1`); `sizes[k]`: devices of choice `k`.
     `num_stages`: exactly that many stages (then `allow[q]` is the rule of the stage with `q`
-    after it, `Q = num_stages`); 0: any number.
+    after it, `Q = num_stages`); 0: any number. `ceiling`: an objective known to be reachable
+    elsewhere (the walk stops once it cannot beat it; the plans it found are still kept).
     """
     if a.shape != b.shape or a.ndim != 3 or allow.shape[1:] != a.shape:
         raise ValueError(f"a {a.shape}, b {b.shape}, allow {allow.shape} do not match")
@@ -170,7 +172,7 @@ def sum_max_dp(
     floor_plan = solver.solve(math.inf, combine="max")
     floor = max(float(b[s]) for s in floor_plan) if floor_plan else largest
     while True:
-        best = min(v for v, _ in out.found)
+        best = min(ceiling, *(v for v, _ in out.found))
         if least_sum + weight * floor >= best:
             break
         idx = int(np.searchsorted(values, largest, side="left")) - 1
