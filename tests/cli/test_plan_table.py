@@ -46,3 +46,26 @@ def test_plan_output_fits_the_width_and_keeps_every_number(width: int) -> None:
 def test_no_limit_is_said_in_words() -> None:
     assert succ_text(MAX_SUCC_STAGES) == "no limit"
     assert succ_text(-1) == "infeasible" and succ_text(3) == "3"
+
+
+@pytest.mark.parametrize("schedule", ["auto", "zb-h1", "interleaved"])
+def test_plan_output_names_the_schedule_and_shows_the_others(schedule: str) -> None:
+    from tests.planner.helpers import chain_spec as planner_spec
+    from tests.planner.test_schedule_search import _plan
+
+    plan = _plan(3, schedule=schedule)
+    out = io.StringIO()
+    print_plan(Console(file=out, width=200, color_system=None), planner_spec(4), plan, STATS)
+    text = out.getvalue()
+    assert f"stageprof ({plan.schedule_name}" in text
+    if schedule == "auto":
+        assert "schedules (auto picks the fastest)" in text
+        for name in ("1f1b", "gpipe", "zb-h1", "interleaved"):
+            assert name in text
+        assert f"{plan.schedule_name} (chosen)" in text
+    else:
+        assert "schedules (auto" not in text
+    if schedule == "zb-h1":
+        assert "B ms" in text and "W ms" in text
+    if schedule == "interleaved":
+        assert re.search(r"\bgroup\b", text)
