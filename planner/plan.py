@@ -102,7 +102,8 @@ def build_plan(
     and memory rule and the simulator re-ranks them (`planner.search`); the next one is the
     runner-up, never faster in simulated time. Missing or failed candidates are infeasible;
     with `options.include_communication` the stage times include activation transfers. Adds
-    the baselines (1F1B), the `ManualStageOption` export and the stability verdict (the
+    the baselines (1F1B), the `ManualStageOption` export (not for interleaved: Alpa has no
+    form for chunks sharing devices) and the stability verdict (the
     runner-up's gap against the measured spread). Raises `NoFeasiblePlan` with the reason
     when no schedule has a plan.
     """
@@ -152,7 +153,8 @@ def build_plan(
         include_communication=options.include_communication,
         baselines=baseline_plans(spec, space, table, num_devices, micro),
         schedule=best.schedule.events,
-        manual_stage_option=manual_stage_option(stages),
+        # Alpa replays one stage per submesh: an interleaved plan's chunks have no such form.
+        manual_stage_option=manual_stage_option(stages) if best.virtual_stages == 1 else None,
         cost_spread=spread,
         runner_up=runner_up,
         stability=assess(best.time, other_time, noise),
