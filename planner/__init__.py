@@ -1,6 +1,7 @@
-"""Pure numpy planning: submesh and config choices, the stage DP, the 1F1B schedule model.
+"""Pure numpy planning: submesh and config choices, the stage searches, the schedule models.
 
-Turns a table of stage measurements into a pipeline plan (Alpa's stage construction).
+Turns a table of stage measurements into a pipeline plan (Alpa's stage construction), for
+the schedule asked for (GPipe, 1F1B, interleaved 1F1B, ZB-H1) or the fastest of them.
 """
 
 from planner.baselines import baseline_keys, baseline_plans
@@ -12,15 +13,18 @@ from planner.errors import NoFeasiblePlan
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
 from planner.runner_up import runner_up_dp
-from planner.schedule import Schedule, simulate_1f1b
+from planner.schedule import SCHEDULES, Schedule, simulate, simulate_1f1b
+from planner.search import ScheduleSearch, search_schedule
 from planner.table import CostTable, build_cost_table
 
 __all__ = [
     "CandidateSpace",
     "CostTable",
     "DPResult",
+    "SCHEDULES",
     "NoFeasiblePlan",
     "Schedule",
+    "ScheduleSearch",
     "StagePruner",
     "baseline_keys",
     "baseline_plans",
@@ -34,6 +38,8 @@ __all__ = [
     "manual_stage_option",
     "range_lower_bounds",
     "runner_up_dp",
+    "search_schedule",
+    "simulate",
     "simulate_1f1b",
     "submesh_choices",
     "training_dp",

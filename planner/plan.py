@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 
@@ -12,9 +13,9 @@ from planner.baselines import baseline_plans
 from planner.candidates import CandidateSpace
 from planner.dp import training_dp
 from planner.errors import NoFeasiblePlan
-from planner.runner_up import runner_up_dp
+from planner.search import Proposal, ScheduleSearch, search_schedule
 from planner.stability import assess, plan_cost_spread, relative_gap
-from planner.stages import planned_stage, simulate_stages
+from planner.stages import planned_stage
 from planner.table import CostTable, Key, build_cost_table
 from schemas import (
     ClusterSpec,
@@ -24,10 +25,12 @@ from schemas import (
     PlannedStage,
     PlanOptions,
     RunnerUpPlan,
+    ScheduleOption,
     ShardingConfig,
     StageKey,
     StageProfileResult,
 )
+from schemas.plan import ScheduleName, stage_layout
 
 logger = logging.getLogger(__name__)
 
@@ -91,77 +94,150 @@ def build_plan(
     space: CandidateSpace,
     results: Mapping[Key, StageProfileResult] | Mapping[StageKey, StageProfileResult],
 ) -> Plan:
-    """Run the stage DP on the measured results and describe the plan it picks.
+    """Search each schedule asked for on the measured results and describe the best plan.
 
-    Missing or failed candidates are infeasible; with `options.include_communication` the
-    stage times include activation transfers. Ties go by the DP's order, with configs ranked
-    by what they are (`config_ranks`), so the same results give the same plan whatever the
-    order of the submeshes or configs. Adds the 1F1B schedule, the baselines, the
-    `ManualStageOption` export, the runner-up plan and the stability verdict (its gap
-    against the measured spread). Raises `NoFeasiblePlan` with the reason when none exists.
+    `options.schedule`: one schedule, or `auto`: every one, the fastest in simulated time
+    answering (ties: 1f1b, gpipe, zb-h1, interleaved) and all of them shown side by side
+    (`Plan.schedules`). Each search proposes its best plans under its schedule's objective
+    and memory rule and the simulator re-ranks them (`planner.search`); the next one is the
+    runner-up, never faster in simulated time. Missing or failed candidates are infeasible;
+    with `options.include_communication` the stage times include activation transfers. Adds
+    the baselines (1F1B), the `ManualStageOption` export (not for interleaved: Alpa has no
+    form for chunks sharing devices) and the stability verdict (the
+    runner-up's gap against the measured spread). Raises `NoFeasiblePlan` with the reason
+    when no schedule has a plan.
     """
     num_devices, num_layers = cluster.num_devices, spec.num_layers
     micro = options.num_microbatches
     table = build_cost_table(spec, cluster, space, results, options.include_communication)
-    shapes = [s.as_tuple() for s in space.submeshes]
     ranks = config_ranks(space)
+    names = AUTO_ORDER if options.schedule == "auto" else (options.schedule,)
     began = time.perf_counter()
-    result = training_dp(
-        table.dp_cost, table.max_n_succ_stages, shapes, num_devices, micro, config_rank=ranks
-    )
-    dp_seconds = time.perf_counter() - began
-    if not result.feasible:
-        raise NoFeasiblePlan(explain_infeasible(table, space, num_layers, num_devices))
-    began = time.perf_counter()
-    other = runner_up_dp(
-        table.dp_cost,
-        table.max_n_succ_stages,
-        shapes,
-        num_devices,
-        micro,
-        result,
-        config_rank=ranks,
-    )
-    runner_up_seconds = time.perf_counter() - began
-    logger.info(
-        "DP: %d stages, cost %.6g s, %d bounds solved in %.3f s; runner-up %.6g s, "
-        "%d bounds solved in %.3f s",
-        len(result.stages),
-        result.cost,
-        result.num_bounds_solved,
-        dp_seconds,
-        other.cost,
-        other.num_bounds_solved,
-        runner_up_seconds,
-    )
-    stages = [planned_stage(spec, space, table, k) for k in result.stages]
-    schedule = simulate_stages(table, result.stages, micro)
-    spread = plan_cost_spread(table, result.stages, micro)
+    searches = [
+        search_schedule(n, table, space, num_devices, micro, ranks, options.virtual_stages)
+        for n in names
+    ]
+    search_seconds = time.perf_counter() - began
+    feasible = [s for s in searches if s.best is not None]
+    if not feasible:
+        raise NoFeasiblePlan(_why_none(searches, table, space, num_layers, num_devices))
+    chosen = min(feasible, key=lambda s: (_key_time(s), names.index(s.name)))
+    best = chosen.ranked[0]
+    for s in searches:
+        logger.info(
+            "schedule %s: %s in %.3f s", s.name, _summary(s) if s.best else s.reason, s.seconds
+        )
+    stages = _stages(spec, space, table, chosen.name, best)
+    spread = plan_cost_spread(table, best.keys, micro)
     runner_up = None
-    if other.feasible:
+    if len(chosen.ranked) > 1:
+        other = chosen.ranked[1]
         runner_up = RunnerUpPlan(
-            dp_cost_s=other.cost,
-            gap=relative_gap(result.cost, other.cost),
-            cost_spread=plan_cost_spread(table, other.stages, micro),
-            predicted_iteration_time_s=simulate_stages(table, other.stages, micro).iteration_time_s,
-            stages=[planned_stage(spec, space, table, k) for k in other.stages],
+            dp_cost_s=other.proxy,
+            gap=relative_gap(best.time, other.time),
+            cost_spread=plan_cost_spread(table, other.keys, micro),
+            predicted_iteration_time_s=other.time,
+            stages=_stages(spec, space, table, chosen.name, other),
         )
     noise = max(spread, runner_up.cost_spread) if runner_up else spread
+    other_time = runner_up.predicted_iteration_time_s if runner_up else None
     return Plan(
         stages=stages,
         num_microbatches=micro,
         num_layers=num_layers,
         num_devices=num_devices,
-        dp_cost_s=result.cost,
-        predicted_iteration_time_s=schedule.iteration_time_s,
-        bubble_fraction=schedule.bubble_fraction,
-        dp_wall_seconds=dp_seconds,
+        dp_cost_s=best.proxy,
+        predicted_iteration_time_s=best.time,
+        bubble_fraction=best.schedule.bubble_fraction,
+        dp_wall_seconds=search_seconds,
         include_communication=options.include_communication,
         baselines=baseline_plans(spec, space, table, num_devices, micro),
-        schedule=schedule.events,
-        manual_stage_option=manual_stage_option(stages),
+        schedule=best.schedule.events,
+        # Alpa replays one stage per submesh: an interleaved plan's chunks have no such form.
+        manual_stage_option=manual_stage_option(stages) if best.virtual_stages == 1 else None,
         cost_spread=spread,
         runner_up=runner_up,
-        stability=assess(result.cost, other.cost if other.feasible else None, noise),
-        runner_up_wall_seconds=runner_up_seconds,
+        stability=assess(best.time, other_time, noise),
+        runner_up_wall_seconds=chosen.seconds,
+        schedule_name=chosen.name,  # type: ignore[arg-type]
+        virtual_stages=best.virtual_stages,
+        peak_memory=int(max(best.memory)),
+        schedules=[_option(spec, space, table, s, s is chosen) for s in searches],
     )
+
+
+AUTO_ORDER: tuple[ScheduleName, ...] = ("1f1b", "gpipe", "zb-h1", "interleaved")
+
+
+def _key_time(search: ScheduleSearch) -> float:
+    best = search.best
+    return float(f"{best.time:.12g}") if best else math.inf
+
+
+def _summary(search: ScheduleSearch) -> str:
+    best = search.best
+    assert best is not None
+    return f"{len(best.keys)} stages, v={best.virtual_stages}, {best.time:.6g} s simulated"
+
+
+def _stages(
+    spec: ModelSpec, space: CandidateSpace, table: CostTable, name: str, prop: Proposal
+) -> list[PlannedStage]:
+    """The proposal's stages with their device group, split times and predicted memory."""
+    out = []
+    for s, key in enumerate(prop.keys):
+        stage = planned_stage(spec, space, table, key)
+        result = table.results[key]
+        b, w = result.input_grad_cost, result.weight_grad_cost
+        split = math.isfinite(b) and math.isfinite(w)
+        out.append(
+            stage.model_copy(
+                update={
+                    "device_group": s % prop.num_groups,
+                    "input_grad_cost": b if split else None,
+                    "weight_cost": w if split else None,
+                    "schedule_memory": int(prop.memory[s]),
+                }
+            )
+        )
+    return out
+
+
+def _option(
+    spec: ModelSpec, space: CandidateSpace, table: CostTable, search: ScheduleSearch, chosen: bool
+) -> ScheduleOption:
+    best = search.best
+    if best is None:
+        return ScheduleOption(
+            schedule=search.name,  # type: ignore[arg-type]
+            feasible=False,
+            reason=search.reason,
+            search_seconds=search.seconds,
+        )
+    return ScheduleOption(
+        schedule=search.name,  # type: ignore[arg-type]
+        virtual_stages=best.virtual_stages,
+        feasible=True,
+        predicted_iteration_time_s=best.time,
+        bubble_fraction=best.schedule.bubble_fraction,
+        peak_memory=int(max(best.memory)),
+        dp_cost_s=best.proxy,
+        search_seconds=search.seconds,
+        layout=stage_layout([planned_stage(spec, space, table, k) for k in best.keys]),
+        chosen=chosen,
+    )
+
+
+def _why_none(
+    searches: list[ScheduleSearch],
+    table: CostTable,
+    space: CandidateSpace,
+    num_layers: int,
+    num_devices: int,
+) -> str:
+    """The 1F1B reason (failures, memory, uncovered ranges: they hold for every schedule);
+    a single other schedule asked for leads with its own."""
+    base = explain_infeasible(table, space, num_layers, num_devices)
+    if any(s.name == "1f1b" for s in searches):
+        return base
+    return "; ".join(f"{s.name}: {s.reason}" for s in searches) + f" ({base})"

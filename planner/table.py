@@ -26,6 +26,11 @@ class CostTable:
     seconds per `[start, end, submesh]` (zeros unless communication is included);
     `max_n_succ_stages`: Alpa's memory rule; `results`: the ok results by key;
     `statuses`: how measuring each measured key ended ("ok", "oom", ...).
+    `input_grad`, `weight_grad`: the split backward's B and W seconds (inf where the split
+    was not measured); `free_bytes`: device memory left beside the stage's peak, parameters
+    and optimizer state (available - peak - initial); `intermediate`, `weight_stash`: bytes
+    kept per micro-batch from forward to backward, and from B to W; `fixed_bytes`: peak +
+    initial; `available`: device memory (all per device; 0 where not ok).
     """
 
     forward: NDArray[np.float64]
@@ -36,6 +41,13 @@ class CostTable:
     results: dict[Key, StageProfileResult]
     statuses: dict[Key, str]
     num_missing: int
+    input_grad: NDArray[np.float64]
+    weight_grad: NDArray[np.float64]
+    free_bytes: NDArray[np.float64]
+    intermediate: NDArray[np.float64]
+    weight_stash: NDArray[np.float64]
+    fixed_bytes: NDArray[np.float64]
+    available: NDArray[np.float64]
 
     @property
     def failures(self) -> Counter[str]:
@@ -58,6 +70,15 @@ class CostTable:
         return (
             float(self.forward[key] + self.comm_forward[a, b, m]),
             float(self.backward[key] + self.comm_backward[a, b, m]),
+        )
+
+    def split_seconds(self, key: Key) -> tuple[float, float, float]:
+        """(forward, B, W) of a stage, transfers added to forward and B (inf: not split)."""
+        a, b, m, c = key
+        return (
+            float(self.forward[key] + self.comm_forward[a, b, m]),
+            float(self.input_grad[key] + self.comm_backward[a, b, m]),
+            float(self.weight_grad[key]),
         )
 
     def failure_summary(self) -> str:
@@ -88,6 +109,11 @@ def build_cost_table(
     forward = np.full(shape, np.inf)
     backward = np.full(shape, np.inf)
     mns = np.full(shape, -1, dtype=np.int64)
+    split = {name: np.full(shape, np.inf) for name in ("input_grad", "weight_grad")}
+    memory = {
+        name: np.zeros(shape)
+        for name in ("free_bytes", "intermediate", "weight_stash", "fixed_bytes", "available")
+    }
     ok: dict[Key, StageProfileResult] = {}
     statuses: dict[Key, str] = {}
     for raw_key, result in results.items():
@@ -106,6 +132,14 @@ def build_cost_table(
             logger.warning("result %s is ok but has no forward/backward timing", key)
             continue
         forward[key], backward[key], mns[key] = fwd, bwd, result.max_n_succ_stages
+        split["input_grad"][key] = result.input_grad_cost
+        split["weight_grad"][key] = result.weight_grad_cost
+        fixed = float(result.peak_memory + result.initial_var_size)
+        memory["fixed_bytes"][key] = fixed
+        memory["available"][key] = float(result.available_memory)
+        memory["free_bytes"][key] = float(result.available_memory) - fixed
+        memory["intermediate"][key] = float(result.intermediate_size)
+        memory["weight_stash"][key] = float(result.weight_stash_size)
         ok[key] = result
     measured = {_as_key(k) for k in results}
     missing = sum(1 for k in space.keys if k.as_tuple() not in measured)
@@ -123,4 +157,6 @@ def build_cost_table(
         results=ok,
         statuses=statuses,
         num_missing=missing,
+        **split,
+        **memory,
     )

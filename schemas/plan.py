@@ -212,16 +212,63 @@ class PlannedStage(Frozen):
     flops: float = Field(
         0.0, ge=0, description="FLOPs per device of forward + backward; 0 when not recorded."
     )
+    device_group: int | None = Field(
+        None,
+        ge=0,
+        description="The device group it runs on (interleaved: chunk k on group k mod p); "
+        "null (stored before): its own.",
+    )
+    input_grad_cost: float | None = Field(
+        None, ge=0, description="B of the split backward, seconds; null when not measured."
+    )
+    weight_cost: float | None = Field(
+        None, ge=0, description="W of the split backward, seconds; null when not measured."
+    )
+    schedule_memory: int | None = Field(
+        None,
+        ge=0,
+        description="Predicted peak bytes per device of its device group under the plan's "
+        "schedule (peak + parameters and optimizer state + the micro-batches it keeps).",
+    )
 
 
 class ScheduleEvent(Frozen):
-    """One forward or backward of one micro-batch on one stage (1F1B schedule model)."""
+    """One op of one micro-batch on one stage (chunk) in the simulated schedule."""
 
-    stage: int = Field(ge=0)
+    stage: int = Field(ge=0, description="The stage (interleaved: the model chunk).")
     microbatch: int = Field(ge=0)
-    kind: Literal["forward", "backward"]
+    kind: Literal["forward", "backward", "weight"] = Field(
+        description="forward; backward (input gradients only when the backward is split); "
+        "weight (the weight gradients of a split backward)."
+    )
     start_s: float = Field(ge=0, description="Start time, seconds from iteration start.")
     end_s: float = Field(ge=0, description="End time, seconds.")
+    device_group: int | None = Field(
+        None, ge=0, description="The device group it runs on; null (stored before): the stage."
+    )
+
+    @property
+    def group(self) -> int:
+        """The device group, the stage's own when not recorded."""
+        return self.stage if self.device_group is None else self.device_group
+
+
+class ScheduleOption(Frozen):
+    """One schedule's best plan beside the others (`schedule: auto` compares them)."""
+
+    schedule: ScheduleName
+    virtual_stages: int = Field(1, ge=1, description="Model chunks per device group.")
+    feasible: bool
+    reason: str | None = Field(None, description="Why it has no plan, when it has none.")
+    predicted_iteration_time_s: float | None = Field(None, ge=0, description="Simulated.")
+    bubble_fraction: float | None = Field(None, ge=0, le=1)
+    peak_memory: int | None = Field(
+        None, ge=0, description="Largest predicted bytes per device of any device group."
+    )
+    dp_cost_s: float | None = Field(None, ge=0, description="Its search's objective, seconds.")
+    search_seconds: float = Field(0.0, ge=0, description="Time its search took, seconds.")
+    layout: str = Field("", description="Its stages on one line (stage_layout).")
+    chosen: bool = Field(False, description="Whether it is the plan's schedule.")
 
 
 class BaselinePlan(Frozen):
@@ -267,24 +314,21 @@ def percent(fraction: float) -> str:
 
 
 class RunnerUpPlan(Frozen):
-    """The best plan other than the chosen one: same table, same objective, same tie order.
+    """The next plan of the chosen schedule's search in simulated time (never faster than
+    the plan: the search's best proposals are re-ranked by the simulator)."""
 
-    Any other plan lacks at least one of the chosen plan's stages (start, end, submesh,
-    config); `planner.runner_up.runner_up_dp` finds the best of them exactly.
-    """
-
-    dp_cost_s: float = Field(ge=0, description="Its DP objective Σt + (B-1)·max t, seconds.")
+    dp_cost_s: float = Field(ge=0, description="Its search's objective (1F1B: Σt + (B-1)·max t).")
     gap: float | None = Field(
         None,
         ge=0,
-        description="(its objective − the plan's) / the plan's objective; null when the "
-        "plan's objective is 0.",
+        description="(its simulated iteration time − the plan's) / the plan's (stored before: "
+        "of the DP objectives); null when the plan's is 0.",
     )
     cost_spread: float = Field(
         0.0, ge=0, description="Relative measured spread of its objective (as Plan.cost_spread)."
     )
     predicted_iteration_time_s: float = Field(
-        ge=0, description="1F1B schedule model iteration time, seconds."
+        ge=0, description="Simulated iteration time under the plan's schedule, seconds."
     )
     stages: list[PlannedStage] = Field(min_length=1)
 
@@ -300,7 +344,7 @@ class Plan(Frozen):
         ge=0, description="DP objective Σt + (B-1)·max t, seconds (Alpa's training_dp)."
     )
     predicted_iteration_time_s: float = Field(
-        ge=0, description="1F1B schedule model iteration time, seconds."
+        ge=0, description="Simulated iteration time under its schedule, seconds."
     )
     bubble_fraction: float = Field(ge=0, le=1, description="Idle share of device time.")
     dp_wall_seconds: float = Field(0.0, ge=0, description="Time the DP took, seconds.")
@@ -330,6 +374,25 @@ class Plan(Frozen):
     runner_up_wall_seconds: float = Field(
         0.0, ge=0, description="Time the search for the runner-up took, seconds."
     )
+    schedule_name: ScheduleName = Field(
+        "1f1b", description="The pipeline schedule (plans stored before are 1f1b)."
+    )
+    virtual_stages: int = Field(
+        1, ge=1, description="Model chunks per device group (interleaved; else 1)."
+    )
+    peak_memory: int | None = Field(
+        None, ge=0, description="Largest predicted bytes per device under the schedule."
+    )
+    schedules: list[ScheduleOption] = Field(
+        default_factory=list,
+        description="Each schedule searched, its best plan's simulated numbers or why it "
+        "has none (one entry unless the request asked for auto).",
+    )
+
+    @property
+    def num_device_groups(self) -> int:
+        """Device groups: the stages, or the chunks over the virtual stages."""
+        return max(1, len(self.stages) // self.virtual_stages)
 
     @property
     def noise_spread(self) -> float:
@@ -358,7 +421,8 @@ class Plan(Frozen):
         if runner is None:
             return f"{label}: no other plan is feasible"
         if runner.gap is None:
-            slower = f"{runner.dp_cost_s - self.dp_cost_s:.3g} s slower"
+            extra = runner.predicted_iteration_time_s - self.predicted_iteration_time_s
+            slower = f"{extra:.3g} s slower"
         elif runner.gap == 0:
             slower = "as fast (a tie)"
         else:

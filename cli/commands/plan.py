@@ -54,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     field_argument(
         parser, "--communication", PlanOptions, "include_communication", action="store_true"
     )
+    field_argument(parser, "--schedule", PlanOptions, "schedule")
+    field_argument(parser, "--virtual-stages", PlanOptions, "virtual_stages", type=int, metavar="V")
     parser.add_argument("--server", help="run the job on a stageprof server at this URL")
     parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
     parser.add_argument(
@@ -88,6 +90,8 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         **measurement_options(args),
         candidate_timeout_s=args.timeout,
         include_communication=args.communication,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
     )
     return cluster, options
 

@@ -216,9 +216,11 @@ def _stage_rows(plan: Plan) -> list[dict[str, str]]:
     rows = []
     for i, st in enumerate(plan.stages):
         names = st.layer_names
+        memory = st.schedule_memory
         rows.append(
             {
                 "stage": str(i),
+                "group": str(i if st.device_group is None else st.device_group),
                 "layers": f"{st.start}-{st.end}" + (f" ({names[0]}..{names[-1]})" if names else ""),
                 "submesh": f"{st.submesh.hosts}x{st.submesh.devices_per_host}",
                 "logical mesh": "x".join(map(str, st.config.logical_mesh)),
@@ -230,29 +232,44 @@ def _stage_rows(plan: Plan) -> list[dict[str, str]]:
                 "stash MiB": f"{st.intermediate_size / MIB:.2f}",
                 "params MiB": f"{st.initial_var_size / MIB:.1f}",
                 "max succ": succ_text(st.max_n_succ_stages),
+                "B ms": "-" if st.input_grad_cost is None else _ms(st.input_grad_cost),
+                "W ms": "-" if st.weight_cost is None else _ms(st.weight_cost),
+                "mem MiB": "-" if memory is None else f"{memory / MIB:.1f}",
             }
         )
     return rows
 
 
-_TEXT_COLUMNS = ("stage", "layers", "submesh", "logical mesh", "strategy")
+def _text_columns(plan: Plan) -> tuple[str, ...]:
+    """The stage table's text columns; "group" when chunks share device groups."""
+    base = ("stage", "layers", "submesh", "logical mesh", "strategy")
+    return (*base[:1], "group", *base[1:]) if plan.virtual_stages > 1 else base
+
+
+def _optional_columns(plan: Plan) -> list[str]:
+    """Columns dropped first when the table is too wide; B and W when the backward is split."""
+    split = plan.schedule_name == "zb-h1"
+    return ["fwd ms", "bwd ms", *(["B ms", "W ms"] if split else []), "params MiB", "max succ"]
 
 
 def stage_table(plan: Plan, title: str, width: int) -> Table | Group:
     """The plan's stages as a table when it fits `width` columns (dropping the optional
     columns first), else as one block of lines per stage; numbers are never cut."""
     rows = _stage_rows(plan)
-    optional = ["fwd ms", "bwd ms", "params MiB", "max succ"]
+    optional = _optional_columns(plan)
     core = ["cost ms", "peak MiB", "stash MiB"]
+    if any(s.schedule_memory is not None for s in plan.stages):
+        core.append("mem MiB")
+    text = _text_columns(plan)
     for dropped in range(len(optional) + 1):
         numbers = core + optional[: len(optional) - dropped]
         table = Table(title=title, title_justify="left", expand=False)
-        for col in _TEXT_COLUMNS:
+        for col in text:
             table.add_column(col, no_wrap=col != "layers", overflow="fold")
         for col in numbers:
             table.add_column(col, justify="right", no_wrap=True)
         for row in rows:
-            table.add_row(*(row[c] for c in [*_TEXT_COLUMNS, *numbers]))
+            table.add_row(*(row[c] for c in [*text, *numbers]))
         if _natural_width(table) <= width:
             return table
     lines: list[Text] = [Text(title, style="italic")]
@@ -260,15 +277,17 @@ def stage_table(plan: Plan, title: str, width: int) -> Table | Group:
         lines.append(
             Text(
                 f"stage {row['stage']}: layers {row['layers']}, submesh {row['submesh']}, "
-                f"mesh {row['logical mesh']} {row['strategy']}",
+                f"mesh {row['logical mesh']} {row['strategy']}, device group {row['group']}",
                 style="bold",
             )
         )
+        split = f", B {row['B ms']}, W {row['W ms']}" if row["W ms"] != "-" else ""
         lines.append(
             Text(
-                f"  cost {row['cost ms']} ms (fwd {row['fwd ms']}, bwd {row['bwd ms']}); "
+                f"  cost {row['cost ms']} ms (fwd {row['fwd ms']}, bwd {row['bwd ms']}{split}); "
                 f"peak {row['peak MiB']} MiB; stash {row['stash MiB']} MiB; "
-                f"params {row['params MiB']} MiB; max succ {row['max succ']}"
+                f"params {row['params MiB']} MiB; max succ {row['max succ']}; "
+                f"under the schedule {row['mem MiB']} MiB"
             )
         )
     return Group(*lines)
@@ -290,11 +309,16 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     compare.add_column("vs stageprof", justify="right", no_wrap=True)
     compare.add_column("note", overflow="fold")
     ours = plan.predicted_iteration_time_s
-    compare.add_row("stageprof DP", _ms(ours), "1.00x", f"bubble {plan.bubble_fraction:.0%}")
+    compare.add_row(
+        f"stageprof ({schedule_label(plan)})",
+        _ms(ours),
+        "1.00x",
+        f"bubble {plan.bubble_fraction:.0%}",
+    )
     runner = plan.runner_up
     if runner is not None:
         ratio = runner.predicted_iteration_time_s / ours if ours > 0 else float("nan")
-        gap = "" if runner.gap is None else f"DP objective +{percent(runner.gap)}"
+        gap = "" if runner.gap is None else f"+{percent(runner.gap)}, same schedule"
         compare.add_row("runner-up", _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", gap)
     for base in plan.baselines:
         if base.iteration_time_s is None:
@@ -303,6 +327,8 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
             ratio = base.iteration_time_s / ours if ours > 0 else float("nan")
             compare.add_row(base.name, _ms(base.iteration_time_s), f"{ratio:.2f}x", "")
     console.print(compare)
+    if len(plan.schedules) > 1:
+        console.print(schedule_table(plan))
     print_stability(console, plan)
     for line in summary_lines(plan, stats):
         console.print(line, highlight=False)
@@ -317,10 +343,41 @@ def summary_lines(plan: Plan, stats: dict[str, Any]) -> tuple[str, str]:
         f"{stats['pruned']} pruned, {stats['failed']} failed"
     )
     times = (
-        f"DP {plan.dp_wall_seconds * 1e3:.1f} ms (runner-up "
+        f"search {plan.dp_wall_seconds * 1e3:.1f} ms ({schedule_label(plan)}: "
         f"{plan.runner_up_wall_seconds * 1e3:.1f} ms); total {stats['wall_seconds']:.1f} s"
     )
     return counts, times
+
+
+def schedule_label(plan: Plan) -> str:
+    """e.g. "1f1b", "interleaved, v=2"."""
+    name = plan.schedule_name
+    return f"{name}, v={plan.virtual_stages}" if name == "interleaved" else name
+
+
+def schedule_table(plan: Plan) -> Table:
+    """Each schedule's best plan side by side: time, bubble, peak memory, or why none."""
+    table = Table(title="schedules (auto picks the fastest)", title_justify="left")
+    for col in ("schedule", "v", "iteration ms", "vs chosen", "bubble", "peak MiB"):
+        table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=True)
+    table.add_column("stages / why not", overflow="fold")
+    ours = plan.predicted_iteration_time_s
+    for o in plan.schedules:
+        name = f"{o.schedule} (chosen)" if o.chosen else o.schedule
+        if not o.feasible or o.predicted_iteration_time_s is None:
+            table.add_row(name, "-", "-", "-", "-", "-", o.reason or "infeasible")
+            continue
+        t = o.predicted_iteration_time_s
+        table.add_row(
+            name,
+            str(o.virtual_stages),
+            _ms(t),
+            f"{t / ours:.2f}x" if ours > 0 else "-",
+            f"{o.bubble_fraction or 0:.0%}",
+            "-" if o.peak_memory is None else f"{o.peak_memory / MIB:.1f}",
+            o.layout,
+        )
+    return table
 
 
 def print_stability(console: Console, plan: Plan) -> None:

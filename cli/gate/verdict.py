@@ -2,13 +2,15 @@
 baseline's stages in, one check per rule out, each with a one-line reason.
 
 - memory: a stage of today's plan, or of the baseline's layout re-measured today, that no
-  longer fits (Alpa's 1F1B rule: `max_n_succ_stages` below the stages after it) fails.
+  longer fits fails: under 1F1B Alpa's rule (`max_n_succ_stages` below the stages after
+  it), under GPipe every micro-batch kept, under the other schedules the memory the
+  planner predicts for its device group (`PlannedStage.schedule_memory`).
 - iteration time: a slowdown beyond max(max_slowdown, the two plans' measured spreads added)
   fails; a move larger than the spread but within the tolerance is a note.
 - FLOPs and peak memory per stage (deterministic: same program, same figure): growth beyond
   max_growth fails; any other move is a note.
-- a changed layout is a note; a job without a plan is undecided (exit 2) unless a check
-  that could still be made failed.
+- a changed layout or schedule is a note; a job without a plan is undecided (exit 2) unless
+  a check that could still be made failed.
 """
 
 from collections.abc import Callable, Sequence
@@ -128,6 +130,12 @@ def stage_label(stage: PlannedStage) -> str:
     return f"layers {stage.start}-{stage.end} on {stage.submesh} as {stage.config.label()}"
 
 
+def schedule_label(plan: Plan) -> str:
+    """ "1f1b", "interleaved (v=2)": plans stored before schedules were planned are 1f1b."""
+    v = f" (v={plan.virtual_stages})" if plan.schedule_name == "interleaved" else ""
+    return plan.schedule_name + v
+
+
 def same_layout(a: Plan, b: Plan) -> bool:
     return stage_layout(a.stages) == stage_layout(b.stages)
 
@@ -174,6 +182,8 @@ def _layout_check(baseline: Plan, today: Plan) -> Check:
         changes.append(f"{baseline.num_devices} → {today.num_devices} devices")
     if baseline.num_microbatches != today.num_microbatches:
         changes.append(f"{baseline.num_microbatches} → {today.num_microbatches} micro-batches")
+    if schedule_label(baseline) != schedule_label(today):
+        changes.append(f"schedule {schedule_label(baseline)} → {schedule_label(today)}")
     if not same_layout(baseline, today):
         changes.append(f"stages {stage_layout(baseline.stages)} → {stage_layout(today.stages)}")
     if changes:
@@ -194,16 +204,22 @@ def _memory_need(peak: int, params: int, stash: int, stashed: int, available: in
 
 def _fit_checks(today: Plan, device_memory_bytes: int | None) -> list[Check]:
     checks = []
+    name = today.schedule_name
     for i, st in enumerate(today.stages):
         after = len(today.stages) - 1 - i
-        need = _memory_need(
-            st.peak_memory,
-            st.initial_var_size,
-            st.intermediate_size,
-            after + 1,
-            device_memory_bytes,
-        )
-        fits = st.max_n_succ_stages >= after
+        kept = today.num_microbatches if name == "gpipe" else after + 1
+        if name in ("1f1b", "gpipe") or st.schedule_memory is None:
+            need = _memory_need(
+                st.peak_memory, st.initial_var_size, st.intermediate_size, kept, device_memory_bytes
+            )
+            fits = st.max_n_succ_stages >= kept - 1
+        else:
+            of = f" of {human_bytes(device_memory_bytes)}" if device_memory_bytes else ""
+            need = (
+                f"{human_bytes(st.schedule_memory)}{of} per device of its device group, as "
+                f"{schedule_label(today)} keeps its micro-batches"
+            )
+            fits = device_memory_bytes is None or st.schedule_memory <= device_memory_bytes
         verb = "fits" if fits else "no longer fits"
         checks.append(
             Check(
@@ -272,6 +288,8 @@ def _time_check(baseline: Plan, today: Plan, tol: Tolerances) -> Check:
     spread = baseline.cost_spread + today.cost_spread
     allowed = max(tol.max_slowdown, spread)
     figures = f"predicted iteration time {_ms(before)} → {_ms(after)} ({_signed(change)})"
+    if schedule_label(baseline) != schedule_label(today):
+        figures += f" [{schedule_label(baseline)} → {schedule_label(today)}]"
     noise = f"measured spread {percent(spread)}"
     if change > allowed:
         reason = f"{figures}, beyond the {percent(tol.max_slowdown)} allowed and the {noise}"

@@ -306,3 +306,28 @@ def test_fit_is_alpas_rule_at_the_boundary(max_succ: int, fits: bool) -> None:
     v = decide(today, today, same_as(today), TOL, device_memory_bytes=DEVICE)
     assert by_name(v)["stage 0 fits memory"].outcome == (Outcome.passed if fits else Outcome.failed)
     assert by_name(v)["stage 1 fits memory"].outcome == Outcome.passed  # the last stage
+
+
+def test_the_verdict_follows_the_plans_schedule() -> None:
+    # today: interleaved, 2 groups x 2 chunks; group 1's predicted memory is over the device
+    chunks = [
+        stage(i, i).model_copy(update={"device_group": i % 2, "schedule_memory": mem})
+        for i, mem in enumerate([30 * MIB, 70 * MIB, 30 * MIB, 70 * MIB])
+    ]
+    today = plan_of(chunks, time_s=0.040).model_copy(
+        update={"schedule_name": "interleaved", "virtual_stages": 2}
+    )
+    v = decide(BASE, today, same_as(BASE), TOL, device_memory_bytes=DEVICE)
+    checks = by_name(v)
+    assert "schedule 1f1b → interleaved (v=2)" in checks["layout"].reason
+    assert "[1f1b → interleaved (v=2)]" in checks["iteration time"].reason
+    assert checks["stage 0 fits memory"].outcome == Outcome.passed
+    assert "30 MiB of 64 MiB per device of its device group" in checks["stage 0 fits memory"].reason
+    assert checks["stage 1 fits memory"].outcome == Outcome.failed
+    # GPipe keeps every micro-batch: 4 stashes, so a stage allowing 2 more does not fit
+    gpipe = plan_of([stage(0, 1, max_succ=2), stage(2, 3)]).model_copy(
+        update={"schedule_name": "gpipe"}
+    )
+    v = decide(BASE, gpipe, same_as(BASE), TOL, device_memory_bytes=DEVICE)
+    fit = by_name(v)["stage 0 fits memory"]
+    assert fit.outcome == Outcome.failed and "4 × stash 1 MiB" in fit.reason

@@ -65,4 +65,28 @@ def test_the_summary_keeps_each_figure_on_one_line_at_120_columns() -> None:
     lines = out.getvalue().splitlines()
     counts = "123456 candidates, 12345 distinct stages: 10000 measured, 2000 reused, 300 pruned"
     assert any(counts in line and "45 failed" in line for line in lines), lines[-3:]
-    assert any("DP 12345.6 ms (runner-up 9870.0 ms); total 67.3 s" in line for line in lines)
+    label = plan.schedule_name
+    assert any(f"search 12345.6 ms ({label}: 9870.0 ms); total 67.3 s" in line for line in lines)
+
+
+@pytest.mark.parametrize("schedule", ["auto", "zb-h1", "interleaved"])
+def test_plan_output_names_the_schedule_and_shows_the_others(schedule: str) -> None:
+    from tests.planner.helpers import chain_spec as planner_spec
+    from tests.planner.test_schedule_search import _plan
+
+    plan = _plan(3, schedule=schedule)
+    out = io.StringIO()
+    print_plan(Console(file=out, width=200, color_system=None), planner_spec(4), plan, STATS)
+    text = out.getvalue()
+    assert f"stageprof ({plan.schedule_name}" in text
+    if schedule == "auto":
+        assert "schedules (auto picks the fastest)" in text
+        for name in ("1f1b", "gpipe", "zb-h1", "interleaved"):
+            assert name in text
+        assert f"{plan.schedule_name} (chosen)" in text
+    else:
+        assert "schedules (auto" not in text
+    if schedule == "zb-h1":
+        assert "B ms" in text and "W ms" in text
+    if schedule == "interleaved":
+        assert re.search(r"\bgroup\b", text)

@@ -154,7 +154,10 @@ def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
     plan = api.get_plan(job.id)
     covered = [i for st in plan.stages for i in range(st.start, st.end + 1)]
     assert covered == list(range(NUM_LAYERS)) and plan.num_layers == NUM_LAYERS
-    assert sum(st.submesh.num_devices for st in plan.stages) == CLUSTER.num_devices
+    # interleaved: p·v chunks on p device groups, each group holding v chunks
+    assert sum(st.submesh.num_devices for st in plan.stages) == (
+        CLUSTER.num_devices * plan.virtual_stages
+    )
     assert plan.num_microbatches == OPTIONS.num_microbatches
     assert plan.predicted_iteration_time_s > 0 and plan.baselines
 

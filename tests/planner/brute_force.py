@@ -57,3 +57,30 @@ def brute_inference(
             continue
         best = min(best, max(float(cost[s]) for s in plan))
     return best
+
+
+def brute_sum_max(
+    a: np.ndarray,
+    b: np.ndarray,
+    allow: np.ndarray,
+    sizes: list[int],
+    num_devices: int,
+    weight: float,
+    num_stages: int = 0,
+) -> float:
+    """Least `Σ a + weight · max b` over all plans whose every stage is allowed with the
+    stages after it (`allow[min(q, Q - 1)]`); exactly `num_stages` stages when given."""
+    best = math.inf
+    rows = allow.shape[0]
+    for plan in all_plans(a[..., None], sizes, num_devices):
+        n = len(plan)
+        if num_stages and n != num_stages:
+            continue
+        stages = [(i, e, m) for i, e, m, _ in plan]
+        if any(not allow[min(n - 1 - p, rows - 1), i, e, k] for p, (i, e, k) in enumerate(stages)):
+            continue
+        if not all(math.isfinite(b[s]) for s in stages):
+            continue
+        value = sum(float(a[s]) for s in stages) + weight * max(float(b[s]) for s in stages)
+        best = min(best, value)
+    return best

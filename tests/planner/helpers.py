@@ -11,6 +11,7 @@ from schemas import (
     StageProfileResult,
     SubmeshShape,
     VarSpec,
+    max_n_succ_stages,
 )
 
 MB = 8
@@ -100,3 +101,40 @@ def result(
 
 def cluster(num_hosts: int = 1, devices_per_host: int = 4) -> ClusterSpec:
     return ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host)
+
+
+def split_result(
+    submesh: SubmeshShape,
+    config: ShardingConfig,
+    forward: float,
+    input_grad: float,
+    weight_grad: float,
+    num_layers: int = 1,
+    available: int = 2**30,
+    peak: int = 1000,
+    initial: int = 10,
+    intermediate: int = 20,
+    weight_stash: int = 5,
+    split: bool = True,
+) -> StageProfileResult:
+    """A measured stage whose backward was also measured split into B and W (`split`), its
+    memory given: Alpa's `max_n_succ_stages` follows from it."""
+    kinds = [(ModuleKind.forward, forward), (ModuleKind.backward, input_grad + weight_grad)]
+    if split:
+        kinds += [
+            (ModuleKind.backward_input, input_grad),
+            (ModuleKind.backward_weight, weight_grad),
+        ]
+    return StageProfileResult(
+        status=ProfileStatus.ok,
+        fingerprint=f"fp-{submesh}-{config.label()}-{forward}-{input_grad}-{weight_grad}",
+        submesh=submesh,
+        config=config,
+        num_layers=num_layers,
+        module_profile_results=tuple(module(k, t, peak=peak) for k, t in kinds),
+        available_memory=available,
+        initial_var_size=initial,
+        intermediate_size=intermediate,
+        weight_stash_size=weight_stash if split else 0,
+        max_n_succ_stages=max_n_succ_stages(available, peak, initial, intermediate),
+    )

@@ -17,7 +17,7 @@ from schemas import PlanOptions, ProfileStatus, StageProfileResult
 from tests.planner.brute_force import brute_training
 from tests.planner.helpers import chain_spec, cluster, result
 
-OPTIONS = PlanOptions(num_microbatches=4, strategies=["data"])
+OPTIONS = PlanOptions(num_microbatches=4, strategies=["data"], schedule="1f1b")
 
 
 def measure_all(space, seconds, **kwargs) -> dict[tuple[int, int, int, int], StageProfileResult]:

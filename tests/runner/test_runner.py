@@ -74,7 +74,7 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
     assert plan is not None
     covered = [i for st in plan.stages for i in range(st.start, st.end + 1)]
     assert covered == list(range(spec.num_layers))
-    assert sum(st.submesh.num_devices for st in plan.stages) == 4
+    assert sum(st.submesh.num_devices for st in plan.stages) == 4 * plan.virtual_stages
     stats = outcome.stats
     # identical blocks: far fewer distinct stages than candidates
     assert stats.distinct_stages < 0.8 * stats.candidates
