@@ -7,15 +7,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from schemas import ClusterSpec
-from tests.runner.conftest import FAST_OPTIONS, db_file, sessions  # noqa: F401 (fixtures)
 from workers.cluster.ray_env import DEVICE_RESOURCE
 
 NODE = {"num_cpus": 2, "resources": {DEVICE_RESOURCE: 2}}
-# The cluster the tests plan for: one host per Ray node.
-CLUSTER = ClusterSpec(num_hosts=2, devices_per_host=2)
-# The runner tests' options, every distinct stage measured (so 2-host stages always are).
-OPTIONS = FAST_OPTIONS.model_copy(update={"prune": False})
 
 
 @pytest.fixture(scope="module")

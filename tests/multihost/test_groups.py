@@ -12,8 +12,9 @@ from ray.util.placement_group import placement_group_table
 
 from planner import enumerate_candidates
 from schemas import ModelSpec, ProfileStatus, StageKey
-from tests.multihost.conftest import CLUSTER, OPTIONS
-from tests.runner.conftest import tiny_gpt
+from tests.multihost.cluster import CLUSTER, OPTIONS
+from tests.support.models import tiny_gpt
+from tests.support.waiting import wait_until
 from workers.cluster.placement import GroupShape
 from workers.cluster.pool import CandidateRetry, CandidateTask, GroupPool, PoolConfig
 from workers.measure.stage import measure_stage
@@ -52,13 +53,9 @@ def _pool(spec: ModelSpec, retry: CandidateRetry | None = None) -> GroupPool:
 
 
 def _result(pool: GroupPool, timeout_s: float = 240) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        results = pool.poll(1.0)
-        if results:
-            assert len(results) == 1
-            return results[0]
-    raise AssertionError("no result")
+    results = wait_until(lambda: pool.poll(1.0), timeout_s, "a result", interval_s=0)
+    assert len(results) == 1
+    return results[0]
 
 
 def _alive(pid: int) -> bool:
@@ -120,9 +117,10 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
             assert pool.accepts(mesh)
             pool.submit(CandidateTask(str(key), key, mesh))
         assert not pool.accepts(mesh1)  # all four busy
-        done = []
-        while len(done) < 4:
-            done.extend(pool.poll(1.0))
+        done: list[Any] = []
+        wait_until(
+            lambda: done.extend(pool.poll(1.0)) or len(done) >= 4, 240, "four results", interval_s=0
+        )
         assert all(r.status == ProfileStatus.ok for r in done)
         assert len({r.measured_by for r in done}) == 4
         assert [str(s) for s in pool.shapes] == ["2 processes x 2", "1 process x 1"]

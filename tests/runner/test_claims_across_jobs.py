@@ -21,9 +21,11 @@ from store import (
 )
 from store.counters import read_counters
 from store.tables import StageClaimRow
-from tests.conftest import postgres_url
-from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
 from tests.runner.faults_report import record_fault
+from tests.support.databases import postgres_url
+from tests.support.jobs import queue_job
+from tests.support.models import FAST_OPTIONS, tiny_gpt
+from tests.support.waiting import wait_until
 from workers.jobs.runner import JobOutcome, JobRunner, RunnerConfig
 
 pytestmark = [
@@ -73,11 +75,8 @@ def test_concurrent_jobs_measure_each_stage_once(pg_sessions: sessionmaker[Sessi
     for t in threads:
         t.start()
     began = time.monotonic()
-    deadline = began + TIMEOUT_S
     try:
-        while len(outcomes) < JOBS:
-            assert time.monotonic() < deadline, f"{len(outcomes)} of {JOBS} jobs ended"
-            time.sleep(0.5)
+        wait_until(lambda: len(outcomes) >= JOBS, TIMEOUT_S, f"all {JOBS} jobs", interval_s=0.5)
     finally:
         stop.set()
         for t in threads:

@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from schemas import ClusterSpec, JobStatus, ModelSpec
 from store import JobRow, claim_job, create_job, get_job, request_cancel, session_scope, utcnow
 from store.counters import read_counters
-from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
 from tests.runner.faults_report import record_fault
+from tests.support.jobs import queue_job
+from tests.support.models import FAST_OPTIONS, tiny_gpt
 from workers.jobs.runner import JobOutcome, JobRunner, RunnerConfig
 
 LEASE_S = 1.5

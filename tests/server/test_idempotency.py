@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from client.sdk import ConflictError, StageprofClient
 from schemas import ClusterSpec, PlanOptions
 from store import claim_job, put_model, session_scope
-from tests.server.conftest import RowCounts
-from tests.server.factories import chain_spec
+from tests.server.factories import exported_chain_spec
 from tests.server.live import LiveServer
+from tests.support.databases import RowCounts
 
 CLUSTER = {"num_hosts": 1, "devices_per_host": 2}
 GPT: dict[str, Any] = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER}
@@ -97,7 +97,7 @@ def test_only_unfinished_jobs_are_reused(
     api: httpx.Client, db: sessionmaker[Session], row_counts: RowCounts
 ) -> None:
     with session_scope(db) as s:
-        model_id = put_model(s, spec=chain_spec(num_layers=3))[0].id
+        model_id = put_model(s, spec=exported_chain_spec(num_layers=3))[0].id
     body = {"model_id": model_id, "cluster": CLUSTER, "options": {"num_microbatches": 2}}
     first = _post(api, body).json()
     with session_scope(db) as s:
