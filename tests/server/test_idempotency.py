@@ -122,8 +122,9 @@ def test_a_bad_key_is_422_naming_the_header(
     assert _jobs(api, row_counts) == (0, 0)
 
 
-def test_concurrent_requests_with_one_key_make_one_job(
-    api: httpx.Client, live_server: LiveServer, row_counts: RowCounts
+@pytest.mark.parametrize("key", ["one-key", None], ids=["one key", "no key, identical"])
+def test_concurrent_requests_make_one_job(
+    api: httpx.Client, live_server: LiveServer, row_counts: RowCounts, key: str | None
 ) -> None:
     answers: list[httpx.Response] = []
     start = threading.Barrier(6)
@@ -131,7 +132,7 @@ def test_concurrent_requests_with_one_key_make_one_job(
     def post() -> None:
         with httpx.Client(base_url=live_server.url, timeout=60) as client:
             start.wait()
-            answers.append(_post(client, GPT, "one-key"))
+            answers.append(_post(client, GPT, key))
 
     threads = [threading.Thread(target=post) for _ in range(6)]
     for t in threads:
@@ -139,28 +140,10 @@ def test_concurrent_requests_with_one_key_make_one_job(
     for t in threads:
         t.join()
     assert sorted(r.status_code for r in answers) == [200] * 5 + [202], [r.text for r in answers]
-    assert len({r.json()["job_id"] for r in answers}) == 1
-    assert _jobs(api, row_counts) == (1, 1)
-
-
-def test_concurrent_identical_requests_make_one_job(
-    api: httpx.Client, live_server: LiveServer, row_counts: RowCounts
-) -> None:
-    answers: list[httpx.Response] = []
-    start = threading.Barrier(6)
-
-    def post() -> None:
-        with httpx.Client(base_url=live_server.url, timeout=60) as client:
-            start.wait()
-            answers.append(_post(client, GPT))
-
-    threads = [threading.Thread(target=post) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(r.status_code for r in answers) == [200] * 5 + [202], [r.text for r in answers]
-    assert {r.json()["deduplicated_by"] for r in answers} == {None, "identical_request"}
+    if key is not None:
+        assert len({r.json()["job_id"] for r in answers}) == 1
+    else:
+        assert {r.json()["deduplicated_by"] for r in answers} == {None, "identical_request"}
     assert _jobs(api, row_counts) == (1, 1)
 
 
