@@ -118,9 +118,12 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
             pool.submit(CandidateTask(str(key), key, mesh))
         assert not pool.accepts(mesh1)  # all four busy
         done: list[Any] = []
-        wait_until(
-            lambda: done.extend(pool.poll(1.0)) or len(done) >= 4, 240, "four results", interval_s=0
-        )
+
+        def all_four_done() -> bool:
+            done.extend(pool.poll(1.0))
+            return len(done) >= 4
+
+        wait_until(all_four_done, 240, "four results", interval_s=0)
         assert all(r.status == ProfileStatus.ok for r in done)
         assert len({r.measured_by for r in done}) == 4
         assert [str(s) for s in pool.shapes] == ["2 processes x 2", "1 process x 1"]

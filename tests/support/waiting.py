@@ -8,7 +8,7 @@ T = TypeVar("T")
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout_s: float,
     what: str,
     *,
