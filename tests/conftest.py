@@ -7,6 +7,7 @@ the whole session, whatever tests/workers/conftest.py asks later)."""
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, delete
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from migrations import upgrade
 from store import Base, make_engine, make_sessionmaker
+from tests.support.databases import postgres_url, reset_postgres
 
 # (store, migrations and sqlalchemy above do not import jax)
 NUM_DEVICES = 8
@@ -24,22 +26,6 @@ if _count is None:
 elif int(_count.group(1)) < NUM_DEVICES:
     os.environ["XLA_FLAGS"] = re.sub(r"device_count=\d+", f"device_count={NUM_DEVICES}", _flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-POSTGRES_URL_ENV = "STAGEPROF_TEST_POSTGRES_URL"
-DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/stageprof_test"
-
-
-def postgres_url() -> str:
-    return os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
-
-
-def reset_postgres(url: str) -> None:
-    """Drop everything in the test database's public schema."""
-    engine = make_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
-        conn.exec_driver_sql("CREATE SCHEMA public")
-    engine.dispose()
 
 
 @pytest.fixture(
@@ -87,3 +73,32 @@ def committing(engine: Engine) -> Iterator[sessionmaker[Session]]:
         with engine.begin() as conn:
             for table in reversed(Base.metadata.sorted_tables):
                 conn.execute(delete(table))
+
+
+@pytest.fixture
+def db_file(tmp_path: Path) -> str:
+    """A SQLite file migrated to head, this test's own (the runner and multi-host tests)."""
+    url = f"sqlite:///{tmp_path / 'runner.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def sessions(db_file: str) -> Iterator[sessionmaker[Session]]:
+    """Committing sessions on `db_file`."""
+    engine = make_engine(db_file)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def pg_sessions() -> Iterator[sessionmaker[Session]]:
+    """Committing sessions on the real Postgres test database, emptied after the test."""
+    url = postgres_url()
+    upgrade(url)
+    engine = make_engine(url)
+    yield make_sessionmaker(engine)
+    with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(delete(table))
+    engine.dispose()

@@ -1,31 +1,8 @@
-"""Helpers for the bench/ smoke tests: run a script, return its last line as JSON."""
+"""The bench/ smoke tests import bench/'s modules (`import common`): bench/ on sys.path."""
 
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
+from tests.support.scripts import BENCH
+
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
-
-
-def run_script(name: str, *args: str, timeout: float = 600) -> dict[str, Any]:
-    """Run `bench/<name>` with `args`; assert it succeeds; its last stdout line as JSON."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / name), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-4000:]
-    return json.loads(lines[-1])

@@ -13,7 +13,7 @@ import common  # bench/, on sys.path through tests/bench/conftest.py
 import gpu_check
 import pytest
 
-from tests.bench.conftest import BENCH, ROOT
+from tests.support.scripts import BENCH, ROOT
 
 # Modules the check must run without: a bare GPU image has none of them.
 BLOCKED = (

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from tests.bench.conftest import run_script
-from tests.conftest import postgres_url
+from tests.support.databases import postgres_url
+from tests.support.scripts import run_script
 
 RUN_KEYS = {"candidates", "distinct_stages", "measured", "compiles", "pruned", "wall_s", "plan"}
 BREAKDOWN_KEYS = {"compile_forward_s", "compile_backward_s", "compile_apply_grad_s"}

@@ -16,7 +16,7 @@ from cli.gate.source import GateError, load_entry
 from cli.main import build_parser, main
 from schemas import ModelSpec
 from tests.cli.test_gate_verdict import BASE
-from tests.e2e.stack import free_port
+from tests.support.processes import free_port
 
 XSD = Path(__file__).parent / "data" / "junit.xsd"
 TINY = ["--zoo", "mlp", "--set", "preset=tiny", "--devices-per-host", "2"]

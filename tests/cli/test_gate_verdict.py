@@ -15,15 +15,13 @@ from cli.gate.verdict import (
     undecided,
 )
 from schemas import (
-    ModuleKind,
-    ModuleProfileResult,
     Plan,
     PlannedStage,
     ProfileStatus,
     ShardingConfig,
-    StageProfileResult,
     SubmeshShape,
 )
+from tests.support.profiles import fake_profile
 
 MIB = 2**20
 DEVICE = 64 * MIB
@@ -80,39 +78,21 @@ def measured(
 ) -> Remeasured:
     """Today's measurement of `st`: its own figures unless overridden (peak, params, stash,
     flops, max_succ), or a failure status."""
-    peak = figures.get("peak", st.peak_memory)
-    modules = tuple(
-        ModuleProfileResult(
-            module=kind,
-            compute_cost=cost,
-            peak_memory=peak,
-            temp_buffer_size=0,
-            invar_names=(),
-            outvar_names=(),
-            invar_sizes=(),
-            outvar_sizes=(),
-            donated_invars=(),
-            available_memory=DEVICE,
-        )
-        for kind, cost in [
-            (ModuleKind.forward, st.forward_cost),
-            (ModuleKind.backward, st.backward_cost),
-        ]
-    )
-    ok = status == ProfileStatus.ok
     return Remeasured(
-        result=StageProfileResult(
-            status=status,
-            error=None if ok else "RESOURCE_EXHAUSTED: out of memory allocating 80 MiB",
-            fingerprint=st.fingerprint,
+        result=fake_profile(
+            st.fingerprint,
+            status,
+            forward=st.forward_cost,
+            backward=st.backward_cost,
+            error="RESOURCE_EXHAUSTED: out of memory allocating 80 MiB",
             submesh=st.submesh,
             config=st.config,
             num_layers=st.end - st.start + 1,
-            module_profile_results=modules if ok else (),
+            peak=figures.get("peak", st.peak_memory),
             available_memory=DEVICE,
             initial_var_size=figures.get("params", st.initial_var_size),
             intermediate_size=figures.get("stash", st.intermediate_size),
-            max_n_succ_stages=figures.get("max_succ", st.max_n_succ_stages) if ok else -1,
+            max_n_succ_stages=figures.get("max_succ", st.max_n_succ_stages),
             flops=figures.get("flops", st.flops),
         )
     )

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from cli.commands.plan_output import print_plan, succ_text
 from schemas.profile import MAX_SUCC_STAGES
-from tests.server.factories import chain_spec, make_plan
+from tests.server.factories import exported_chain_spec, make_plan
 
 STATS = {
     "candidates": 10,
@@ -26,7 +26,7 @@ def test_plan_output_fits_the_width_and_keeps_every_number(width: int) -> None:
     plan = make_plan(num_layers=6, num_microbatches=4, salt="table")
     out = io.StringIO()
     console = Console(file=out, width=width, color_system=None)
-    print_plan(console, chain_spec(6), plan, STATS)
+    print_plan(console, exported_chain_spec(6), plan, STATS)
     text = out.getvalue()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width, text

@@ -1,30 +1,22 @@
 """The compose topology as local processes: each `stageprof` command in its own process group,
 its output in a log file, all of them stopped (group and children) when the stack closes."""
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 
+from tests.support.processes import stop_processes
+from tests.support.waiting import wait_until
+
 STOP_GRACE_S = 30.0
 START_TIMEOUT_S = 90.0
 _SCRIPT = Path(sys.executable).with_name("stageprof")
 # The installed console script (what the compose file runs); the module when it is missing.
 STAGEPROF = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cli"]
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -87,17 +79,17 @@ class LocalStack:
 
     def wait_healthy(self, base_url: str, timeout_s: float = START_TIMEOUT_S) -> dict:
         """Poll `/healthz` until it answers 200 (the API is up and reaches its database)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.assert_running()
+
+        def health() -> dict | None:
             try:
                 r = httpx.get(f"{base_url}/healthz", timeout=2.0)
-                if r.status_code == 200:
-                    return r.json()
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"{base_url} did not become healthy"
-            time.sleep(0.25)
+                return None
+            return r.json() if r.status_code == 200 else None
+
+        return wait_until(
+            health, timeout_s, f"{base_url} healthy", interval_s=0.25, check=self.assert_running
+        )
 
     def logs(self) -> str:
         parts = [f"===== {name} =====\n{out}" for name, out in self._one_shot_logs]
@@ -106,17 +98,7 @@ class LocalStack:
 
     def stop(self) -> None:
         """SIGTERM every process group, wait for the leaders, then SIGKILL what is left."""
-        for s in self.services:
-            _signal_group(s.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for s in self.services:
-            try:
-                s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for s in self.services:
-            _signal_group(s.proc.pid, signal.SIGKILL)
-            s.proc.wait()
+        stop_processes([s.proc for s in self.services], grace_s=STOP_GRACE_S, group=True)
 
     def __enter__(self) -> "LocalStack":
         return self
@@ -133,10 +115,3 @@ class LocalStack:
             if exc_type is not None:
                 # pytest shows captured output of a failed test: the services' logs.
                 print(self.logs())
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from schemas import ClusterSpec, PlanOptions
+from schemas import ClusterSpec
 from store import (
     JobCandidateRow,
     JobRow,
@@ -30,10 +30,13 @@ from store import (
     utcnow,
 )
 from store.counters import read_counters
-from tests.e2e.stack import LocalStack, Service, free_port
+from tests.e2e.stack import LocalStack, Service
 from tests.e2e.test_stack import e2e_database_url, stack_env
 from tests.runner.faults_report import record_fault as record
 from tests.runner.tcp_proxy import TcpProxy
+from tests.support.models import FAST_OPTIONS, TINY_GPT
+from tests.support.processes import free_port
+from tests.support.waiting import wait_until
 from workers.cluster.ray_watchdog import session_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(900)]
@@ -43,23 +46,9 @@ OUTAGE_S = 3 * LEASE_S
 STOP_WITHIN_S = 5.0
 CANCEL_MARGIN_S = 3.0
 JOB_TIMEOUT_S = 480.0
-ZOO_GPT = {
-    "num_layers": 3,
-    "hidden_size": 32,
-    "num_heads": 2,
-    "seq_len": 16,
-    "vocab_size": 128,
-    "batch_size": 4,
-}
+ZOO_GPT = {"num_layers": 3, **TINY_GPT}
 CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=4)
-OPTIONS = PlanOptions(
-    num_microbatches=2,
-    config_space="data_parallel_only",
-    strategies=["data"],
-    repeats=2,
-    warmup=1,
-    candidate_timeout_s=180,
-)
+OPTIONS = FAST_OPTIONS.model_copy(update={"num_microbatches": 2, "candidate_timeout_s": 180})
 WORKER_ARGS = ("worker", "--workers", "2", "--devices-per-worker", "4", "--idle-sleep", "0.5")
 
 
@@ -75,11 +64,7 @@ def _wait(
 ) -> float:
     """Poll `ready` until true; seconds it took. Fails when a service exits (if `alive`)."""
     began = time.monotonic()
-    while not ready():
-        if alive:
-            stack.assert_running()
-        assert time.monotonic() - began < timeout_s, f"{what}: not within {timeout_s:g} s"
-        time.sleep(0.2)
+    wait_until(ready, timeout_s, what, check=stack.assert_running if alive else None)
     return time.monotonic() - began
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import shlex
-import signal
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,9 +15,10 @@ import pytest
 import xmlschema
 
 from cli.gate.baseline import read_baseline
-from tests.e2e.stack import STAGEPROF, LocalStack, free_port
+from tests.e2e.stack import STAGEPROF, LocalStack
 from tests.e2e.test_ci_recipes import GITHUB, github_gate_step
 from tests.e2e.test_stack import e2e_database_url, stack_env
+from tests.support.processes import free_port, stop_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -106,8 +106,7 @@ def test_the_recipe_gate_passes_fails_and_cannot_decide(tmp_path: Path) -> None:
         assert "❌ regression" in summary.read_text()
 
         # 4. The server is gone: exit 2, one line on stderr, no traceback.
-        os.killpg(api.proc.pid, signal.SIGTERM)
-        api.proc.wait(timeout=30)
+        stop_processes([api.proc], group=True)
         down = gate(tmp_path, gate_env, argv)
         assert down.returncode == 2
         assert down.stderr.count("\n") == 1 and "Traceback" not in down.stderr, down.stderr

@@ -9,7 +9,6 @@ import csv
 import io
 import os
 import secrets
-import time
 from pathlib import Path
 
 import httpx
@@ -18,31 +17,20 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from client.sdk import AuthError, StageprofClient
-from schemas import ClusterSpec, Job, JobStatus, PlanOptions
-from tests.conftest import postgres_url, reset_postgres
-from tests.e2e.stack import LocalStack, free_port
+from schemas import ClusterSpec, Job, JobStatus
+from tests.e2e.stack import LocalStack
+from tests.support.databases import postgres_url, reset_postgres
+from tests.support.models import FAST_OPTIONS, TINY_GPT
+from tests.support.processes import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(900)]
 
 JOB_TIMEOUT_S = 480.0
-TINY_GPT = {
-    "num_layers": 2,
-    "hidden_size": 32,
-    "num_heads": 2,
-    "seq_len": 16,
-    "vocab_size": 128,
-    "batch_size": 4,
-}
-NUM_LAYERS = TINY_GPT["num_layers"] + 2  # embedding, blocks, LM head
+ZOO_GPT = {"num_layers": 2, **TINY_GPT}
+NUM_LAYERS = ZOO_GPT["num_layers"] + 2  # embedding, blocks, LM head
 CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=4)
-OPTIONS = PlanOptions(
-    num_microbatches=2,
-    config_space="data_parallel_only",
-    strategies=["data"],
-    repeats=2,
-    warmup=1,
-    candidate_timeout_s=180,
-)
+OPTIONS = FAST_OPTIONS.model_copy(update={"num_microbatches": 2, "candidate_timeout_s": 180})
 
 
 def e2e_database_url() -> str:
@@ -77,14 +65,14 @@ def stack_env(database_url: str) -> dict[str, str]:
 
 def wait_done(api: StageprofClient, stack: LocalStack, job_id: str) -> Job:
     """Poll the job until it finishes, failing at once when a service dies."""
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while True:
-        stack.assert_running()
+
+    def finished() -> Job | None:
         job = api.get_job(job_id)
-        if job.status.finished:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} still {job.status}: {job.progress}"
-        time.sleep(1.0)
+        return job if job.status.finished else None
+
+    return wait_until(
+        finished, JOB_TIMEOUT_S, f"job {job_id} done", interval_s=1.0, check=stack.assert_running
+    )
 
 
 def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: Path) -> None:
@@ -111,7 +99,7 @@ def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: P
 
         with StageprofClient(base, token="") as anonymous:
             with pytest.raises(AuthError) as refused:
-                anonymous.submit_plan(zoo="gpt", zoo_config=TINY_GPT, cluster=CLUSTER)
+                anonymous.submit_plan(zoo="gpt", zoo_config=ZOO_GPT, cluster=CLUSTER)
             assert refused.value.status_code == 401
             assert anonymous.list_jobs() == []  # reads are open; nothing was queued
 
@@ -120,7 +108,7 @@ def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: P
             assert first.progress.measured > 0 and first.progress.reused == 0
 
             second_ref = api.submit_plan(
-                zoo="gpt", zoo_config=TINY_GPT, cluster=CLUSTER, options=OPTIONS
+                zoo="gpt", zoo_config=ZOO_GPT, cluster=CLUSTER, options=OPTIONS
             )
             second = wait_done(api, stack, second_ref.job_id)
             assert second.status == JobStatus.done, second.error
@@ -143,7 +131,7 @@ def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: P
 
 def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
     """Post the zoo GPT, poll it to done, read its plan, profile table and dashboard page."""
-    ref = api.submit_plan(zoo="gpt", zoo_config=TINY_GPT, cluster=CLUSTER, options=OPTIONS)
+    ref = api.submit_plan(zoo="gpt", zoo_config=ZOO_GPT, cluster=CLUSTER, options=OPTIONS)
     assert ref.status == JobStatus.queued and ref.url == f"/v1/jobs/{ref.job_id}"
     job = wait_done(api, stack, ref.job_id)
     assert job.status == JobStatus.done, job.error

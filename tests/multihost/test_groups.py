@@ -14,7 +14,7 @@ from ray.util.placement_group import placement_group_table, remove_placement_gro
 
 from planner import enumerate_candidates
 from schemas import ModelSpec, ProfileStatus, StageKey
-from tests.multihost.conftest import (
+from tests.multihost.cluster import (
     CLUSTER,
     OPTIONS,
     alive,
@@ -24,7 +24,8 @@ from tests.multihost.conftest import (
     rank0_of,
     wait_all_removed,
 )
-from tests.runner.conftest import tiny_gpt
+from tests.support.models import tiny_gpt
+from tests.support.waiting import wait_until
 from workers.cluster.group_start import WAIT_NOTICE_S
 from workers.cluster.host_group import HOLD_JOIN_ENV
 from workers.cluster.placement import GroupShape
@@ -65,13 +66,9 @@ def _pool(spec: ModelSpec, retry: CandidateRetry | None = None) -> GroupPool:
 
 
 def _result(pool: GroupPool, timeout_s: float = 240) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        results = pool.poll(1.0)
-        if results:
-            assert len(results) == 1
-            return results[0]
-    raise AssertionError("no result")
+    results = wait_until(lambda: pool.poll(1.0), timeout_s, "a result", interval_s=0)
+    assert len(results) == 1
+    return results[0]
 
 
 def test_a_two_host_candidate_runs_on_two_nodes_and_equals_one_process(spec: ModelSpec) -> None:
@@ -125,9 +122,13 @@ def test_groups_are_respawned_per_shape_and_packed(spec: ModelSpec) -> None:
             assert pool.accepts(mesh)
             pool.submit(CandidateTask(str(key), key, mesh))
         assert not pool.accepts(mesh1)  # all four busy
-        done = []
-        while len(done) < 4:
+        done: list[Any] = []
+
+        def all_four_done() -> bool:
             done.extend(pool.poll(1.0))
+            return len(done) >= 4
+
+        wait_until(all_four_done, 240, "four results", interval_s=0)
         assert all(r.status == ProfileStatus.ok for r in done)
         assert len({r.measured_by for r in done}) == 4
         assert [str(s) for s in pool.shapes] == ["2 processes x 2", "1 process x 1"]

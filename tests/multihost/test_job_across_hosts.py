@@ -4,7 +4,6 @@ a process killed mid-candidate costs that candidate (`worker_lost`), not the job
 
 import os
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -14,8 +13,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from schemas import JobStatus, ProfileStatus
 from store import job_results, session_scope
 from store.tables import StageProfileRow
-from tests.multihost.conftest import CLUSTER, OPTIONS
-from tests.runner.conftest import queue_job, tiny_gpt
+from tests.multihost.cluster import CLUSTER, OPTIONS
+from tests.support.jobs import queue_job
+from tests.support.models import tiny_gpt
+from tests.support.waiting import wait_until
 from workers.cluster.pool import CandidateRetry
 from workers.jobs.runner import JobRunner, RunnerConfig
 
@@ -60,16 +61,22 @@ def test_a_process_killed_mid_candidate_costs_that_candidate_not_the_job(
     box: list[Any] = []
     thread = threading.Thread(target=lambda: box.append(runner.run_next(job_id)))
     thread.start()
-    killed = None
-    deadline = time.monotonic() + 300
-    while killed is None and thread.is_alive():
-        assert time.monotonic() < deadline, "no 2-host group ever ran"
+
+    def kill_a_busy_rank() -> int | None:
         pool = runner.pool
         busy = [g for g in (pool.groups if pool else []) if g.task and g.shape.processes == 2]
-        if busy:
-            killed = int(busy[0].processes[1].rsplit(":", 1)[1])
-            os.kill(killed, 9)
-        time.sleep(0.05)
+        if not busy:
+            return None
+        pid = int(busy[0].processes[1].rsplit(":", 1)[1])
+        os.kill(pid, 9)
+        return pid
+
+    def job_running() -> None:
+        assert thread.is_alive(), "the job ended before a 2-host group ran"
+
+    killed = wait_until(
+        kill_a_busy_rank, 300, "a busy 2-host group", interval_s=0.05, check=job_running
+    )
     thread.join(timeout=600)
     assert killed is not None
     outcome = box[0]

@@ -20,8 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from schemas import ClusterSpec, JobStatus
 from store import get_job, job_results, progress_of, session_scope
-from tests.conftest import postgres_url
-from tests.multihost.conftest import (
+from tests.multihost.cluster import (
     OPTIONS,
     alive,
     held_rank,
@@ -29,8 +28,9 @@ from tests.multihost.conftest import (
     rank0_of,
     wait_all_removed,
 )
-from tests.runner.conftest import queue_job, tiny_gpt
-from tests.runner.test_claims_across_jobs import pg_sessions  # noqa: F401 (fixture)
+from tests.support.databases import postgres_url
+from tests.support.jobs import queue_job
+from tests.support.models import tiny_gpt
 from workers.cluster.group_start import POLL_S, WAIT_NOTICE_S
 from workers.cluster.host_group import HOLD_JOIN_ENV
 from workers.jobs.runner import DEVICE_WAIT_S

@@ -4,8 +4,6 @@ from schemas import (
     ClusterSpec,
     LayerSpec,
     ModelSpec,
-    ModuleKind,
-    ModuleProfileResult,
     ProfileStatus,
     ShardingConfig,
     StageProfileResult,
@@ -13,13 +11,17 @@ from schemas import (
     VarSpec,
     max_n_succ_stages,
 )
+from tests.support.profiles import fake_profile
 
 MB = 8
 HIDDEN = 16
 
 
-def chain_spec(num_layers: int, flops: list[float] | None = None, skip: bool = False) -> ModelSpec:
-    """x -> h0 -> h1 ... -> loss; with `skip`, the last layer also reads h0."""
+def programless_chain_spec(
+    num_layers: int, flops: list[float] | None = None, skip: bool = False
+) -> ModelSpec:
+    """x -> h0 -> h1 ... -> loss, layers without programs (what the planner reads: the graph
+    and FLOPs); with `skip`, the last layer also reads h0."""
     x = VarSpec(name="x", shape=(MB, HIDDEN), dtype="float32")
     y = VarSpec(name="y", shape=(MB, HIDDEN), dtype="float32")
     layers = []
@@ -46,24 +48,6 @@ def chain_spec(num_layers: int, flops: list[float] | None = None, skip: bool = F
     return ModelSpec(inputs=[x, y], layers=layers, loss="loss")
 
 
-def module(
-    kind: ModuleKind, seconds: float, peak: int = 1000, spread: float = 0.0
-) -> ModuleProfileResult:
-    return ModuleProfileResult(
-        module=kind,
-        compute_cost=seconds,
-        peak_memory=peak,
-        temp_buffer_size=0,
-        invar_names=(),
-        outvar_names=(),
-        invar_sizes=(),
-        outvar_sizes=(),
-        donated_invars=(),
-        available_memory=2**30,
-        compute_cost_spread=spread,
-    )
-
-
 def result(
     submesh: SubmeshShape,
     config: ShardingConfig,
@@ -75,27 +59,19 @@ def result(
     spread: float = 0.0,
 ) -> StageProfileResult:
     """A measured (or failed) stage candidate; `spread`: each module's relative spread."""
-    ok = status == ProfileStatus.ok
-    modules = (
-        (
-            module(ModuleKind.forward, forward, spread=spread),
-            module(ModuleKind.backward, backward, spread=spread),
-        )
-        if ok
-        else ()
-    )
-    return StageProfileResult(
-        status=status,
-        error=None if ok else "boom",
-        fingerprint=f"fp-{submesh}-{config.label()}-{forward}",
+    return fake_profile(
+        f"fp-{submesh}-{config.label()}-{forward}",
+        status,
+        forward=forward,
+        backward=backward,
+        error="boom",
         submesh=submesh,
         config=config,
         num_layers=num_layers,
-        module_profile_results=modules,
-        available_memory=2**30,
+        spread=spread,
         initial_var_size=10,
         intermediate_size=20,
-        max_n_succ_stages=max_n_succ_stages if ok else -1,
+        max_n_succ_stages=max_n_succ_stages,
     )
 
 

@@ -15,7 +15,7 @@ from planner import (
 from planner.table import build_cost_table
 from schemas import PlanOptions, ProfileStatus, StageProfileResult
 from tests.planner.brute_force import brute_training
-from tests.planner.helpers import chain_spec, cluster, result
+from tests.planner.helpers import cluster, programless_chain_spec, result
 
 OPTIONS = PlanOptions(num_microbatches=4, strategies=["data"], schedule="1f1b")
 
@@ -41,7 +41,7 @@ def scaling(start: int, end: int, devices: int, config_id: int) -> float:
 
 
 def test_plan_is_the_dp_optimum_with_schedule_baselines_and_export() -> None:
-    spec, clu = chain_spec(4), cluster(1, 4)
+    spec, clu = programless_chain_spec(4), cluster(1, 4)
     space = enumerate_candidates(spec, clu, OPTIONS)
     results = measure_all(space, scaling)
     plan = build_plan(spec, clu, OPTIONS, space, results)
@@ -93,7 +93,7 @@ def test_plan_is_the_dp_optimum_with_schedule_baselines_and_export() -> None:
 
 
 def test_results_keyed_by_stage_key_are_accepted() -> None:
-    spec, clu = chain_spec(2), cluster(1, 2)
+    spec, clu = programless_chain_spec(2), cluster(1, 2)
     space = enumerate_candidates(spec, clu, OPTIONS)
     by_tuple = measure_all(space, scaling)
     by_key = {k: by_tuple[k.as_tuple()] for k in space.keys}
@@ -105,7 +105,7 @@ def test_results_keyed_by_stage_key_are_accepted() -> None:
 
 
 def test_every_candidate_failed() -> None:
-    spec, clu = chain_spec(3), cluster(1, 2)
+    spec, clu = programless_chain_spec(3), cluster(1, 2)
     space = enumerate_candidates(spec, clu, OPTIONS)
     results = measure_all(space, scaling, status=ProfileStatus.oom)
     first = space.keys[0].as_tuple()
@@ -120,7 +120,7 @@ def test_every_candidate_failed() -> None:
 
 
 def test_memory_limits_explain_infeasibility() -> None:
-    spec, clu = chain_spec(2), cluster(1, 2)
+    spec, clu = programless_chain_spec(2), cluster(1, 2)
     space = enumerate_candidates(spec, clu, OPTIONS)
     results = measure_all(space, scaling, max_n_succ_stages=0)  # no stage may follow any
     for key in [k.as_tuple() for k in space.keys if k.submesh_id == 1]:
@@ -130,7 +130,7 @@ def test_memory_limits_explain_infeasibility() -> None:
 
 
 def test_uncovered_layers_explain_infeasibility() -> None:
-    spec, clu = chain_spec(3), cluster(1, 2)
+    spec, clu = programless_chain_spec(3), cluster(1, 2)
     space = enumerate_candidates(spec, clu, OPTIONS)
     results = {k: r for k, r in measure_all(space, scaling).items() if k[0] == 0 and k[1] < 2}
     with pytest.raises(NoFeasiblePlan, match="covers all 3 layers on exactly 2 devices"):
@@ -139,12 +139,12 @@ def test_uncovered_layers_explain_infeasibility() -> None:
 
 def test_boundary_bytes_count_each_crossing_var_once() -> None:
     # h_i is f32[8, 16] = 512 bytes; with the skip, h0 also crosses boundaries 1 and 2
-    assert boundary_bytes(chain_spec(4)).tolist() == [512, 512, 512, 0]
-    assert boundary_bytes(chain_spec(4, skip=True)).tolist() == [512, 1024, 1024, 0]
+    assert boundary_bytes(programless_chain_spec(4)).tolist() == [512, 512, 512, 0]
+    assert boundary_bytes(programless_chain_spec(4, skip=True)).tolist() == [512, 1024, 1024, 0]
 
 
 def test_communication_term_adds_transfer_time() -> None:
-    spec, clu = chain_spec(4, skip=True), cluster(2, 2)
+    spec, clu = programless_chain_spec(4, skip=True), cluster(2, 2)
     options = OPTIONS.model_copy(update={"include_communication": True})
     space = enumerate_candidates(spec, clu, options)
     # two stages on (1, 2) beat one stage on all 4 devices (50% scaling loss) until the
@@ -178,7 +178,7 @@ def test_communication_term_adds_transfer_time() -> None:
 
 
 def test_baseline_reports_why_it_is_infeasible() -> None:
-    spec, clu = chain_spec(2), cluster(1, 2)
+    spec, clu = programless_chain_spec(2), cluster(1, 2)
     space = enumerate_candidates(spec, clu, OPTIONS)
     results = measure_all(space, scaling)
     whole = [k.as_tuple() for k in space.keys if k.submesh_id == 1]

@@ -4,7 +4,7 @@ import pytest
 
 from planner import config_choices, enumerate_candidates, submesh_choices
 from schemas import PlanOptions, StageKey, SubmeshShape
-from tests.planner.helpers import chain_spec, cluster
+from tests.planner.helpers import cluster, programless_chain_spec
 
 
 def test_submesh_choices_match_alpa() -> None:
@@ -71,7 +71,7 @@ def test_config_choices_respect_batch_space_and_strategies() -> None:
 
 
 def test_candidates_whole_cluster_gets_only_the_full_range() -> None:
-    spec = chain_spec(3)
+    spec = programless_chain_spec(3)
     space = enumerate_candidates(spec, cluster(1, 4), PlanOptions(strategies=["data"]))
     assert [s.as_tuple() for s in space.submeshes] == [(1, 1), (1, 2), (1, 4)]
     whole = [k for k in space.keys if k.submesh_id == 2]
@@ -84,7 +84,7 @@ def test_candidates_whole_cluster_gets_only_the_full_range() -> None:
 
 
 def test_candidate_space_resolve() -> None:
-    space = enumerate_candidates(chain_spec(2), cluster(1, 2), PlanOptions())
+    space = enumerate_candidates(programless_chain_spec(2), cluster(1, 2), PlanOptions())
     submesh, config = space.resolve(StageKey(start=0, end=1, submesh_id=1, config_id=1))
     assert submesh.as_tuple() == (1, 2) and config.label() == "2x1/fsdp"
     assert space.resolve((0, 0, 0, 0))[1].label() == "1x1/data"
@@ -98,7 +98,7 @@ def test_layer_imbalance_tolerance_like_alpa() -> None:
     # 4 equal layers on 4 devices, tol = 0.4: on (1,1) (share 1/4) only single layers
     # (2 layers: 0.5 / 1.4 = 0.36 > 0.25); on (1,2) (share 1/2) only pairs
     # (1 layer: 0.25 * 1.4 = 0.35 < 0.5; 3 layers: 0.75 / 1.4 = 0.54 > 0.5).
-    spec = chain_spec(4, flops=[1.0] * 4)
+    spec = programless_chain_spec(4, flops=[1.0] * 4)
     options = PlanOptions(strategies=["data"], layer_imbalance_tolerance=0.4)
     space = enumerate_candidates(spec, cluster(1, 4), options)
     one = {(k.start, k.end) for k in space.keys if k.submesh_id == 0}
@@ -117,5 +117,7 @@ def test_layer_imbalance_tolerance_like_alpa() -> None:
 def test_candidates_check_the_global_batch() -> None:
     with pytest.raises(ValueError, match="micro-batch"):
         enumerate_candidates(
-            chain_spec(2), cluster(), PlanOptions(num_microbatches=2, global_batch_size=2)
+            programless_chain_spec(2),
+            cluster(),
+            PlanOptions(num_microbatches=2, global_batch_size=2),
         )

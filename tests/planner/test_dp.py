@@ -128,18 +128,20 @@ def two_layer_table(whole: float) -> np.ndarray:
     return cost
 
 
-def test_pipeline_beats_one_stage_when_micro_batches_are_many() -> None:
-    # two stages: 1 + 1 + 3 * 1 = 5; one stage: 4 * 1.5 = 6
-    result = training_dp(two_layer_table(1.5), None, [(1, 1), (1, 2)], 2, 4)
-    assert result.cost == 5.0
-    assert result.stages == [(0, 0, 0, 0), (1, 1, 0, 0)]
-
-
-def test_one_stage_wins_when_it_is_fast_enough() -> None:
-    # one stage: 4 * 1.2 = 4.8 < 5
-    result = training_dp(two_layer_table(1.2), None, [(1, 1), (1, 2)], 2, 4)
-    assert math.isclose(result.cost, 4.8)
-    assert result.stages == [(0, 1, 1, 0)]
+@pytest.mark.parametrize(
+    ("whole", "cost", "stages"),
+    [
+        # two stages: 1 + 1 + 3 * 1 = 5; one stage: 4 * 1.5 = 6
+        (1.5, 5.0, [(0, 0, 0, 0), (1, 1, 0, 0)]),
+        # one stage: 4 * 1.2 = 4.8 < 5
+        (1.2, 4.8, [(0, 1, 1, 0)]),
+    ],
+    ids=["pipeline when micro-batches are many", "one stage when it is fast enough"],
+)
+def test_pipeline_or_one_stage(whole: float, cost: float, stages: list[tuple]) -> None:
+    result = training_dp(two_layer_table(whole), None, [(1, 1), (1, 2)], 2, 4)
+    assert math.isclose(result.cost, cost)
+    assert result.stages == stages
 
 
 def test_memory_rule_forbids_stages_after_a_big_stage() -> None:

@@ -8,7 +8,7 @@ from planner import build_plan, enumerate_candidates
 from planner.dp import pipeline_cost
 from planner.plan import config_ranks
 from schemas import Plan, PlannedStage, PlanOptions
-from tests.planner.helpers import chain_spec, cluster
+from tests.planner.helpers import cluster, programless_chain_spec
 from tests.planner.test_build_plan import measure_all
 
 ORDERS = [
@@ -33,7 +33,7 @@ def by_size(start: int, end: int, devices: int, config_id: int) -> float:
 
 @pytest.mark.parametrize("microbatches", [1, 2, 4])
 def test_same_plan_whatever_the_order_of_submeshes_and_strategies(microbatches: int) -> None:
-    spec, clu = chain_spec(4), cluster(1, 4)
+    spec, clu = programless_chain_spec(4), cluster(1, 4)
     plans = []
     for submeshes, strategies in ORDERS:
         options = PlanOptions(
@@ -60,7 +60,7 @@ def test_same_plan_whatever_the_order_of_submeshes_and_strategies(microbatches: 
 
 
 def test_config_ranks_follow_what_the_configs_are() -> None:
-    spec, clu = chain_spec(2), cluster(1, 2)
+    spec, clu = programless_chain_spec(2), cluster(1, 2)
     spaces = [
         enumerate_candidates(spec, clu, PlanOptions(strategies=order))
         for order in (["data", "megatron", "fsdp"], ["megatron", "fsdp", "data"])
@@ -87,7 +87,7 @@ def test_config_ranks_follow_what_the_configs_are() -> None:
 def two_layer_results(one_stage_forward: float, spread: float):
     """2 layers on 1x2: two stages of 1 + 2 s on one device each (objective 6 + 3 * 3 = 15
     with B = 4), or one stage on both devices (forward x, backward 2x: 12x)."""
-    spec, clu = chain_spec(2), cluster(1, 2)
+    spec, clu = programless_chain_spec(2), cluster(1, 2)
     options = PlanOptions(num_microbatches=4, strategies=["data"])
     space = enumerate_candidates(spec, clu, options)
 
@@ -142,7 +142,7 @@ def test_the_only_feasible_plan_is_unique() -> None:
 
 
 def test_runner_up_objective_includes_communication() -> None:
-    spec, clu = chain_spec(4, skip=True), cluster(2, 2)
+    spec, clu = programless_chain_spec(4, skip=True), cluster(2, 2)
     options = PlanOptions(num_microbatches=4, strategies=["data"], include_communication=True)
     space = enumerate_candidates(spec, clu, options)
     results = measure_all(space, lambda a, b, d, c: 2e-9 * (b - a + 1) / d, spread=0.01)

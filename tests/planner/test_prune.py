@@ -14,7 +14,7 @@ from planner import (
     training_dp,
 )
 from schemas import PlanOptions
-from tests.planner.helpers import chain_spec, cluster, result
+from tests.planner.helpers import cluster, programless_chain_spec, result
 
 
 def test_lower_bounds_are_the_largest_measured_subrange() -> None:
@@ -37,7 +37,7 @@ def test_pruned_search_finds_the_full_optimum(
     num_layers: int, devices: int, microbatches: int, seed: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    spec = chain_spec(num_layers)
+    spec = programless_chain_spec(num_layers)
     cl = cluster(devices_per_host=devices)
     options = PlanOptions(num_microbatches=microbatches)
     space = enumerate_candidates(spec, cl, options)
@@ -74,7 +74,7 @@ def test_pruned_search_finds_the_full_optimum(
 
 
 def test_baseline_stages_are_never_pruned() -> None:
-    spec = chain_spec(8)
+    spec = programless_chain_spec(8)
     cl = cluster(devices_per_host=4)
     options = PlanOptions(num_microbatches=8)
     space = enumerate_candidates(spec, cl, options)

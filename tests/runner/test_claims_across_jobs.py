@@ -3,27 +3,23 @@ once across all of them (stage claims), the others wait for its result."""
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from migrations import upgrade
 from schemas import JobStatus
 from store import (
-    Base,
     JobCandidateRow,
     StageProfileRow,
-    make_engine,
-    make_sessionmaker,
     session_scope,
 )
 from store.counters import read_counters
 from store.tables import StageClaimRow
-from tests.conftest import postgres_url
-from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
 from tests.runner.faults_report import record_fault
+from tests.support.jobs import queue_job
+from tests.support.models import FAST_OPTIONS, tiny_gpt
+from tests.support.waiting import wait_until
 from workers.jobs.runner import JobOutcome, JobRunner, RunnerConfig
 
 pytestmark = [
@@ -36,18 +32,6 @@ pytestmark = [
 JOBS = 3
 RUNNERS = 2
 TIMEOUT_S = 600
-
-
-@pytest.fixture
-def pg_sessions() -> Iterator[sessionmaker[Session]]:
-    url = postgres_url()
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    with engine.begin() as conn:
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(delete(table))
-    engine.dispose()
 
 
 def test_concurrent_jobs_measure_each_stage_once(pg_sessions: sessionmaker[Session]) -> None:
@@ -73,11 +57,8 @@ def test_concurrent_jobs_measure_each_stage_once(pg_sessions: sessionmaker[Sessi
     for t in threads:
         t.start()
     began = time.monotonic()
-    deadline = began + TIMEOUT_S
     try:
-        while len(outcomes) < JOBS:
-            assert time.monotonic() < deadline, f"{len(outcomes)} of {JOBS} jobs ended"
-            time.sleep(0.5)
+        wait_until(lambda: len(outcomes) >= JOBS, TIMEOUT_S, f"all {JOBS} jobs", interval_s=0.5)
     finally:
         stop.set()
         for t in threads:

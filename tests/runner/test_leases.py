@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from schemas import ClusterSpec, JobStatus, ModelSpec
 from store import JobRow, claim_job, create_job, get_job, request_cancel, session_scope, utcnow
 from store.counters import read_counters
-from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
 from tests.runner.faults_report import record_fault
+from tests.support.jobs import queue_job
+from tests.support.models import FAST_OPTIONS, tiny_gpt
 from workers.jobs.runner import JobOutcome, JobRunner, RunnerConfig
 
 LEASE_S = 1.5
@@ -92,27 +93,40 @@ def test_lease_is_renewed_while_a_slow_phase_runs(
     assert outcome.status == JobStatus.failed and "slow build gave up" in outcome.error
 
 
-def test_cancel_stops_a_slow_phase_within_seconds(
-    sessions: sessionmaker[Session], release: threading.Event
-) -> None:
+def _stop_a_slow_phase(
+    sessions: sessionmaker[Session],
+    release: threading.Event,
+    stop: Callable[[JobRunner, str], None],
+) -> tuple[str, Any, float]:
+    """Run a job whose zoo build is slow, `stop(runner, job_id)` once it is in that phase;
+    the job, the runner's outcome and the seconds from `stop` to the runner's return."""
     job_id = _zoo_job(sessions)
     started = threading.Event()
     runner = _runner(sessions, _slow_build(started, release, 120))
     thread, box = _in_thread(runner.run_next)
     assert started.wait(30)
-    with session_scope(sessions) as s:
-        request_cancel(s, job_id=job_id)
+    stop(runner, job_id)
     asked = time.monotonic()
     thread.join(30)
-    took = time.monotonic() - asked
+    return job_id, box[0], time.monotonic() - asked
+
+
+def test_cancel_stops_a_slow_phase_within_seconds(
+    sessions: sessionmaker[Session], release: threading.Event
+) -> None:
+    def cancel(runner: JobRunner, job_id: str) -> None:
+        with session_scope(sessions) as s:
+            request_cancel(s, job_id=job_id)
+
+    job_id, outcome, took = _stop_a_slow_phase(sessions, release, cancel)
     record_fault(
         "cancel during a slow phase",
         f"cancelled within {STOP_WITHIN_S:g} s",
-        box[0].status.value,
+        outcome.status.value,
         took,
     )
     assert took < STOP_WITHIN_S
-    assert box[0].status == JobStatus.cancelled
+    assert outcome.status == JobStatus.cancelled
     row = _job(sessions, job_id)
     assert row.status == "cancelled" and row.finished_at is not None
 
@@ -120,23 +134,17 @@ def test_cancel_stops_a_slow_phase_within_seconds(
 def test_shutdown_hands_the_job_back_within_seconds(
     sessions: sessionmaker[Session], release: threading.Event
 ) -> None:
-    job_id = _zoo_job(sessions)
-    started = threading.Event()
-    runner = _runner(sessions, _slow_build(started, release, 120))
-    thread, box = _in_thread(runner.run_next)
-    assert started.wait(30)
-    runner.shutdown.set()
-    asked = time.monotonic()
-    thread.join(30)
-    took = time.monotonic() - asked
+    job_id, outcome, took = _stop_a_slow_phase(
+        sessions, release, lambda runner, _: runner.shutdown.set()
+    )
     record_fault(
         "shutdown (SIGTERM) during a slow phase",
         f"job handed back within {STOP_WITHIN_S:g} s",
-        box[0].status.value,
+        outcome.status.value,
         took,
     )
     assert took < STOP_WITHIN_S
-    assert box[0].status == JobStatus.profiling
+    assert outcome.status == JobStatus.profiling
     with session_scope(sessions) as s:  # handed back: another runner takes it over at once
         again = claim_job(s, owner="next", lease_seconds=30)
         assert again is not None and again.id == job_id and again.attempts == 2
@@ -145,24 +153,19 @@ def test_shutdown_hands_the_job_back_within_seconds(
 def test_a_runner_that_lost_its_lease_stops_and_leaves_the_job_alone(
     sessions: sessionmaker[Session], release: threading.Event
 ) -> None:
-    job_id = _zoo_job(sessions)
-    started = threading.Event()
-    runner = _runner(sessions, _slow_build(started, release, 120))
-    thread, box = _in_thread(runner.run_next)
-    assert started.wait(30)
-    with session_scope(sessions) as s:  # as if the lease had expired and another took it
-        s.execute(update(JobRow).where(JobRow.id == job_id).values(lease_owner="usurper"))
-    asked = time.monotonic()
-    thread.join(30)
-    took = time.monotonic() - asked
+    def usurp(runner: JobRunner, job_id: str) -> None:
+        with session_scope(sessions) as s:  # as if the lease had expired and another took it
+            s.execute(update(JobRow).where(JobRow.id == job_id).values(lease_owner="usurper"))
+
+    job_id, outcome, took = _stop_a_slow_phase(sessions, release, usurp)
     record_fault(
         "lease lost during a slow phase",
         f"runner stops within {STOP_WITHIN_S:g} s",
-        f"stopped: {box[0].error}",
+        f"stopped: {outcome.error}",
         took,
     )
     assert took < STOP_WITHIN_S
-    assert box[0].status == JobStatus.profiling and "lost" in box[0].error
+    assert outcome.status == JobStatus.profiling and "lost" in outcome.error
     row = _job(sessions, job_id)
     assert row.status == "profiling" and row.lease_owner == "usurper"
 

@@ -18,7 +18,9 @@ from store import (
     request_cancel,
     session_scope,
 )
-from tests.runner.conftest import FAST_OPTIONS, queue_job, tiny_gpt
+from tests.support.jobs import queue_job
+from tests.support.models import FAST_OPTIONS, tiny_gpt
+from tests.support.waiting import wait_until
 from workers.jobs.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
@@ -105,10 +107,11 @@ def test_killed_actor_is_replaced_and_its_candidate_retried(
     outcome_box: list[object] = []
     thread = threading.Thread(target=lambda: outcome_box.append(runner.run_next()))
     thread.start()
-    deadline = time.monotonic() + 120
-    while runner.pool is None or not _any_recorded(sessions, job_id):
-        assert time.monotonic() < deadline, "the job never started measuring"
-        time.sleep(0.2)
+    wait_until(
+        lambda: runner.pool is not None and _any_recorded(sessions, job_id),
+        120,
+        "the job measuring",
+    )
     os.kill(runner.pool.actor_pids()[0], signal.SIGKILL)
     thread.join(timeout=600)
     outcome = outcome_box[0]
@@ -130,10 +133,7 @@ def test_cancel_stops_a_running_job_within_seconds(sessions: sessionmaker[Sessio
     box: list[object] = []
     thread = threading.Thread(target=lambda: box.append(runner.run_next()))
     thread.start()
-    deadline = time.monotonic() + 120
-    while not _any_recorded(sessions, job_id):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_until(lambda: _any_recorded(sessions, job_id), 120, "a recorded candidate")
     with session_scope(sessions) as s:
         request_cancel(s, job_id=job_id)
     asked = time.monotonic()

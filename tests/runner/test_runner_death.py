@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from sqlalchemy import func, select
@@ -12,7 +11,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from schemas import JobStatus
 from store import JobCandidateRow, StageProfileRow, get_job, session_scope
-from tests.runner.conftest import queue_job, tiny_gpt
+from tests.support.jobs import queue_job
+from tests.support.models import tiny_gpt
+from tests.support.processes import stop_processes
+from tests.support.waiting import wait_until
 from workers.jobs.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
@@ -49,15 +51,16 @@ def test_killed_runner_job_is_taken_over_without_remeasuring(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def running() -> None:
+        assert proc.poll() is None, "the runner exited before it was killed"
+
     try:
-        deadline = time.monotonic() + 240
-        while _done(sessions, job_id) < 3:
-            assert proc.poll() is None, "the runner exited before it was killed"
-            assert time.monotonic() < deadline, "the first runner measured nothing"
-            time.sleep(0.2)
+        wait_until(
+            lambda: _done(sessions, job_id) >= 3, 240, "three measured stages", check=running
+        )
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        stop_processes([proc], sig=signal.SIGKILL, group=True)
     with session_scope(sessions) as s:
         stored_before = set(
             s.scalars(
@@ -70,12 +73,8 @@ def test_killed_runner_job_is_taken_over_without_remeasuring(
         assert row is not None and row.status == "profiling" and row.done < row.distinct_stages
 
     runner = JobRunner(sessions, RunnerConfig(num_workers=2, lease_seconds=30))
-    outcome = None
-    deadline = time.monotonic() + 60
-    while outcome is None:  # the dead runner's lease has to expire first
-        assert time.monotonic() < deadline
-        outcome = runner.run_next()
-        time.sleep(0.5)
+    # the dead runner's lease has to expire first
+    outcome = wait_until(runner.run_next, 60, "the job claimed again", interval_s=0.5)
     assert outcome.job_id == job_id and outcome.status == JobStatus.done, outcome.error
     distinct = outcome.stats.distinct_stages
     assert outcome.stats.measured <= distinct - len(stored_before)

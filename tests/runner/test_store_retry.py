@@ -13,8 +13,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from store import make_engine, make_sessionmaker
-from tests.conftest import postgres_url
 from tests.runner.tcp_proxy import TcpProxy
+from tests.support.databases import postgres_url
 from workers.jobs.retry import StoreRetry, WorkerShutdown, is_transient
 
 pytestmark = pytest.mark.postgres

@@ -1,6 +1,6 @@
 """Server fixtures: the app served by uvicorn over HTTP against each test database."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -10,8 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server import Settings
 from store import Base, make_sessionmaker
 from tests.server.live import LiveServer
-
-RowCounts = Callable[[], dict[str, int]]
+from tests.support.databases import RowCounts
 
 
 @pytest.fixture(scope="session")

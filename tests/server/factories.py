@@ -17,8 +17,6 @@ from schemas import (
     JobStatus,
     LayerSpec,
     ModelSpec,
-    ModuleKind,
-    ModuleProfileResult,
     ParamSpec,
     Plan,
     PlannedStage,
@@ -44,6 +42,7 @@ from store import (
     save_profile,
     session_scope,
 )
+from tests.support.profiles import fake_profile
 
 # (submesh (hosts, devices), [(logical mesh, strategy), ...]) for a 1 x 2 cluster.
 SPACE = [
@@ -67,7 +66,7 @@ def _dense_programs(i: int, last: bool, width: int, batch: int) -> LayerPrograms
     return export_layer_pair(fn, [w], [x], [out], no_grad={"x"} if i == 0 else ())
 
 
-def chain_spec(
+def exported_chain_spec(
     num_layers: int = 6, width: int = 8, name: str = "chain", batch: int = 4
 ) -> ModelSpec:
     """x -> h0 -> ... -> loss: dense layers with distinct programs and fingerprints, then a
@@ -113,36 +112,20 @@ def stage_profile(
     status: ProfileStatus = ProfileStatus.ok,
     peak_memory: int = 1000,
 ) -> StageProfileResult:
-    modules: tuple[ModuleProfileResult, ...] = ()
-    if status == ProfileStatus.ok:
-        modules = tuple(
-            ModuleProfileResult(
-                module=kind,
-                compute_cost=cost * share,
-                peak_memory=peak_memory,
-                temp_buffer_size=10,
-                invar_names=("w", "x"),
-                outvar_names=("y",),
-                invar_sizes=(400, 100),
-                outvar_sizes=(100,),
-                donated_invars=(False, False),
-                available_memory=2**30,
-            )
-            for kind, share in ((ModuleKind.forward, 1 / 3), (ModuleKind.backward, 2 / 3))
-        )
-    return StageProfileResult(
-        status=status,
-        error=None if status == ProfileStatus.ok else f"{status.value}: <b>not</b> measured",
-        fingerprint=fingerprint,
+    """Candidate `key` measured at `cost` (a third forward, two thirds backward)."""
+    return fake_profile(
+        fingerprint,
+        status,
+        forward=cost * (1 / 3),
+        backward=cost * (2 / 3),
+        error=f"{status.value}: <b>not</b> measured",
         key=key,
         submesh=SubmeshShape(hosts=submesh[0], devices_per_host=submesh[1]),
         config=ShardingConfig(logical_mesh=mesh, strategy=strategy),  # type: ignore[arg-type]
         num_layers=key.end - key.start + 1,
-        module_profile_results=modules,
-        available_memory=2**30,
-        initial_var_size=400,
-        intermediate_size=100,
-        max_n_succ_stages=5 if status == ProfileStatus.ok else -1,
+        peak=peak_memory,
+        temp=10,
+        with_vars=True,
     )
 
 
@@ -271,7 +254,7 @@ def seed_job(
     name: str = "chain",
     pruned: int = 0,
 ) -> SeededJob:
-    """A job of a `chain_spec` model on a 1x2 cluster with every candidate added.
+    """A job of a `exported_chain_spec` model on a 1x2 cluster with every candidate added.
 
     `finished`: every candidate recorded (some failed) and a plan stored (status done).
     Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded
@@ -279,7 +262,7 @@ def seed_job(
     """
     keys = _keys(num_layers)
     with session_scope(factory) as s:
-        model, _ = put_model(s, spec=chain_spec(num_layers, name=name))
+        model, _ = put_model(s, spec=exported_chain_spec(num_layers, name=name))
         options = PlanOptions(num_microbatches=num_microbatches, strategies=["data", "megatron"])
         job = create_job(
             s,

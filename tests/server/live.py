@@ -1,12 +1,12 @@
 """A real uvicorn server on a free loopback port, in a thread, for HTTP tests."""
 
 import threading
-import time
 from types import TracebackType
 
 import uvicorn
 
 from server import Settings, create_app
+from tests.support.waiting import wait_until
 
 START_TIMEOUT_S = 20.0
 
@@ -30,14 +30,19 @@ class LiveServer:
 
     def __enter__(self) -> "LiveServer":
         self._thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
+        wait_until(
+            lambda: self._server.started,
+            START_TIMEOUT_S,
+            "uvicorn start",
+            interval_s=0.02,
+            check=self._assert_serving,
+        )
         port = self._server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self
+
+    def _assert_serving(self) -> None:
+        assert self._thread.is_alive(), "uvicorn exited before it started"
 
     def __exit__(
         self,

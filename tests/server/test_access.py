@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from server import Settings
 from server.access import check_access, is_loopback_host_header
 from store import create_job, session_scope
-from tests.server.conftest import RowCounts
-from tests.server.factories import chain_spec, seed_job
+from tests.server.factories import exported_chain_spec, seed_job
 from tests.server.live import LiveServer
+from tests.support.databases import RowCounts
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 READ_TOKEN = "read-only-token-for-tests-987654"
@@ -41,7 +41,7 @@ def bearer(token: str) -> dict[str, str]:
 def test_writes_need_the_token(
     token_only: LiveServer, db: sessionmaker[Session], row_counts: RowCounts
 ) -> None:
-    spec = chain_spec(num_layers=2).model_dump(mode="json")
+    spec = exported_chain_spec(num_layers=2).model_dump(mode="json")
     before = row_counts()
     with httpx.Client(base_url=token_only.url) as c:
         for headers in (
@@ -89,7 +89,7 @@ def test_closed_reads(guarded: LiveServer, db: sessionmaker[Session]) -> None:
 
 
 def test_without_a_token_writes_are_loopback_only(api: httpx.Client, row_counts: RowCounts) -> None:
-    spec = chain_spec(num_layers=2).model_dump(mode="json")
+    spec = exported_chain_spec(num_layers=2).model_dump(mode="json")
     before = row_counts()
     # A remote client behind a local reverse proxy (uvicorn trusts X-Forwarded-For from
     # loopback by default, so the app sees the remote address).
@@ -104,7 +104,7 @@ def test_without_a_token_writes_are_loopback_only(api: httpx.Client, row_counts:
 
 
 def test_live_loopback_write(api: httpx.Client) -> None:
-    spec = chain_spec(num_layers=2).model_dump(mode="json")
+    spec = exported_chain_spec(num_layers=2).model_dump(mode="json")
     assert api.post("/v1/models", json=spec).status_code == 201
 
 

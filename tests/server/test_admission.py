@@ -17,8 +17,8 @@ from schemas import ClusterSpec, LayerSpec, ModelSpec, PlanOptions
 from schemas.candidate_count import count_candidates
 from schemas.limits import DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_ENV, max_candidates
 from server.zoo_limits import DEFAULTS, MAX_VALUES, PRESETS, WRESNET_BLOCKS, spec_shape
-from tests.server.conftest import RowCounts
-from tests.server.factories import chain_spec
+from tests.server.factories import exported_chain_spec
+from tests.support.databases import RowCounts
 
 CLUSTER = {"num_hosts": 1, "devices_per_host": 4}
 
@@ -49,9 +49,9 @@ def refused(
 
 
 def _long_chain(num_layers: int) -> ModelSpec:
-    """`chain_spec` of `num_layers` layers, its middle layers sharing one exported program
+    """`exported_chain_spec` of `num_layers` layers, its middle layers sharing one exported program
     (exporting 1024 distinct layers would take most of a minute)."""
-    first, middle, last = chain_spec(num_layers=3, width=2).layers
+    first, middle, last = exported_chain_spec(num_layers=3, width=2).layers
 
     def wired(layer: LayerSpec, i: int, prev: str, out: str) -> LayerSpec:
         names = {layer.inputs[0].name: prev}
@@ -69,7 +69,7 @@ def _long_chain(num_layers: int) -> ModelSpec:
     n = num_layers
     layers = [first, *(wired(middle, i, f"h{i - 1}", f"h{i}") for i in range(1, n - 1))]
     layers.append(wired(last, n - 1, f"h{n - 2}", "loss"))
-    spec = chain_spec(num_layers=3, width=2)
+    spec = exported_chain_spec(num_layers=3, width=2)
     return ModelSpec(name="long", inputs=spec.inputs, layers=layers, loss="loss")
 
 
@@ -197,7 +197,7 @@ def test_options_with_no_candidate_are_refused(api: httpx.Client, row_counts: Ro
 
 
 def test_cheap_rules_come_before_the_programs(api: httpx.Client, row_counts: RowCounts) -> None:
-    spec = chain_spec(num_layers=2).model_dump(mode="json")
+    spec = exported_chain_spec(num_layers=2).model_dump(mode="json")
     spec["layers"][0]["forward"] = "%%% not base64"
     body = {"model": spec, "cluster": CLUSTER | {"device_memory_bytes": 2**70}}
     refused(api, row_counts, body, "cluster.device_memory_bytes")
@@ -226,7 +226,7 @@ def test_the_count_is_the_planners() -> None:
     rng = random.Random(15)
     for _ in range(150):
         num_layers = rng.randint(1, 10)
-        spec = chain_spec(num_layers=num_layers, batch=rng.choice([1, 2, 4, 6, 8]))
+        spec = exported_chain_spec(num_layers=num_layers, batch=rng.choice([1, 2, 4, 6, 8]))
         flops = [rng.choice([0.0, 1.0, 3.0, rng.random() * 10]) for _ in range(num_layers)]
         spec = spec.model_copy(
             update={

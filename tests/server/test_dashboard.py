@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from schemas import ClusterSpec, JobStatus, PlanOptions
 from store import create_job, finish_job, put_model, session_scope
-from tests.server.factories import chain_spec, seed_job
+from tests.server.factories import exported_chain_spec, seed_job
 
 STATIC = Path(__file__).resolve().parents[2] / "server" / "static"
 TEMPLATES = STATIC.parent / "templates"
@@ -54,7 +54,7 @@ def test_job_page_of_a_queued_job(api: httpx.Client, db: sessionmaker[Session]) 
 
 
 def test_user_text_is_escaped(api: httpx.Client, db: sessionmaker[Session]) -> None:
-    spec = chain_spec(num_layers=2)
+    spec = exported_chain_spec(num_layers=2)
     layers = [spec.layers[0].model_copy(update={"jaxpr": "</pre>" + EVIL}), spec.layers[1]]
     spec = spec.model_copy(update={"layers": layers})
     with session_scope(db) as s:
@@ -79,7 +79,7 @@ def test_model_page(api: httpx.Client, db: sessionmaker[Session]) -> None:
     seeded = seed_job(db, num_layers=3)
     html = api.get(f"/models/{seeded.model_id}").text
     assert 'id="layers-table"' in html
-    for i, layer in enumerate(chain_spec(3).layers):
+    for i, layer in enumerate(exported_chain_spec(3).layers):
         assert layer.fingerprint[:12] in html and f"chain_layer{i}" in html
     assert "dot_general" in html and f'href="/jobs/{seeded.job_id}"' in html
 

@@ -9,7 +9,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server.factories import chain_spec
+from tests.server.factories import exported_chain_spec
 
 OK_OR_REFUSED = {200, 201, 202, 400, 404, 409, 413, 415, 422}
 FUZZ = settings(
@@ -46,7 +46,7 @@ def mutate(body: Any, path: list[int], value: Any) -> Any:
 
 
 VALID_PLAN = {
-    "model": chain_spec(num_layers=2).model_dump(mode="json"),
+    "model": exported_chain_spec(num_layers=2).model_dump(mode="json"),
     "cluster": {"num_hosts": 1, "devices_per_host": 2},
     "options": {"num_microbatches": 2},
 }

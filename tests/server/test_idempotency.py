@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from client.sdk import ConflictError, StageprofClient
 from schemas import ClusterSpec, PlanOptions
 from store import claim_job, put_model, session_scope
-from tests.server.conftest import RowCounts
-from tests.server.factories import chain_spec
+from tests.server.factories import exported_chain_spec
 from tests.server.live import LiveServer
+from tests.support.databases import RowCounts
 
 CLUSTER = {"num_hosts": 1, "devices_per_host": 2}
 GPT: dict[str, Any] = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER}
@@ -97,7 +97,7 @@ def test_only_unfinished_jobs_are_reused(
     api: httpx.Client, db: sessionmaker[Session], row_counts: RowCounts
 ) -> None:
     with session_scope(db) as s:
-        model_id = put_model(s, spec=chain_spec(num_layers=3))[0].id
+        model_id = put_model(s, spec=exported_chain_spec(num_layers=3))[0].id
     body = {"model_id": model_id, "cluster": CLUSTER, "options": {"num_microbatches": 2}}
     first = _post(api, body).json()
     with session_scope(db) as s:
@@ -122,8 +122,9 @@ def test_a_bad_key_is_422_naming_the_header(
     assert _jobs(api, row_counts) == (0, 0)
 
 
-def test_concurrent_requests_with_one_key_make_one_job(
-    api: httpx.Client, live_server: LiveServer, row_counts: RowCounts
+@pytest.mark.parametrize("key", ["one-key", None], ids=["one key", "no key, identical"])
+def test_concurrent_requests_make_one_job(
+    api: httpx.Client, live_server: LiveServer, row_counts: RowCounts, key: str | None
 ) -> None:
     answers: list[httpx.Response] = []
     start = threading.Barrier(6)
@@ -131,7 +132,7 @@ def test_concurrent_requests_with_one_key_make_one_job(
     def post() -> None:
         with httpx.Client(base_url=live_server.url, timeout=60) as client:
             start.wait()
-            answers.append(_post(client, GPT, "one-key"))
+            answers.append(_post(client, GPT, key))
 
     threads = [threading.Thread(target=post) for _ in range(6)]
     for t in threads:
@@ -139,28 +140,10 @@ def test_concurrent_requests_with_one_key_make_one_job(
     for t in threads:
         t.join()
     assert sorted(r.status_code for r in answers) == [200] * 5 + [202], [r.text for r in answers]
-    assert len({r.json()["job_id"] for r in answers}) == 1
-    assert _jobs(api, row_counts) == (1, 1)
-
-
-def test_concurrent_identical_requests_make_one_job(
-    api: httpx.Client, live_server: LiveServer, row_counts: RowCounts
-) -> None:
-    answers: list[httpx.Response] = []
-    start = threading.Barrier(6)
-
-    def post() -> None:
-        with httpx.Client(base_url=live_server.url, timeout=60) as client:
-            start.wait()
-            answers.append(_post(client, GPT))
-
-    threads = [threading.Thread(target=post) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(r.status_code for r in answers) == [200] * 5 + [202], [r.text for r in answers]
-    assert {r.json()["deduplicated_by"] for r in answers} == {None, "identical_request"}
+    if key is not None:
+        assert len({r.json()["job_id"] for r in answers}) == 1
+    else:
+        assert {r.json()["deduplicated_by"] for r in answers} == {None, "identical_request"}
     assert _jobs(api, row_counts) == (1, 1)
 
 

@@ -6,8 +6,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from schemas import ClusterSpec, Plan, PlanOptions
 from store import create_job, session_scope
-from tests.server.conftest import RowCounts
 from tests.server.factories import candidate_cost, seed_job
+from tests.support.databases import RowCounts
 
 
 def queued_job(db: sessionmaker[Session]) -> str:

@@ -27,7 +27,7 @@ from store import (
     session_scope,
 )
 from store.queries import PROFILE_COLUMNS
-from tests.server.factories import chain_spec, stage_profile
+from tests.server.factories import exported_chain_spec, stage_profile
 from tests.server.live import LiveServer
 from tests.server.test_browser import run_chromium
 
@@ -52,7 +52,7 @@ def seed(factory: sessionmaker[Session], salt: str) -> Seeded:
     one pending."""
     fps = {k: f"{salt}-mb-{k[0]}-{k[1]}" for k in MEASURED}
     with session_scope(factory) as s:
-        model, _ = put_model(s, spec=chain_spec(2, name=f"mb{salt}"))
+        model, _ = put_model(s, spec=exported_chain_spec(2, name=f"mb{salt}"))
         job = create_job(
             s,
             cluster=ClusterSpec(num_hosts=1, devices_per_host=2),

@@ -8,13 +8,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server import Settings
 from store import ModelRow
-from tests.server.conftest import RowCounts
-from tests.server.factories import chain_spec
+from tests.server.factories import exported_chain_spec
 from tests.server.live import LiveServer
+from tests.support.databases import RowCounts
 
 
 def spec_json(**kwargs: object) -> dict:
-    return chain_spec(**kwargs).model_dump(mode="json")  # type: ignore[arg-type]
+    return exported_chain_spec(**kwargs).model_dump(mode="json")  # type: ignore[arg-type]
 
 
 def test_post_model_is_idempotent(api: httpx.Client, row_counts: RowCounts) -> None:
@@ -22,7 +22,9 @@ def test_post_model_is_idempotent(api: httpx.Client, row_counts: RowCounts) -> N
     assert first.status_code == 201
     body = first.json()
     assert body["created"] is True and body["num_layers"] == 3
-    assert body["layer_fingerprints"] == [layer.fingerprint for layer in chain_spec(3).layers]
+    assert body["layer_fingerprints"] == [
+        layer.fingerprint for layer in exported_chain_spec(3).layers
+    ]
     assert len(set(body["layer_fingerprints"])) == 3
     assert body["url"] == f"/v1/models/{body['id']}"
     counts = row_counts()
@@ -37,7 +39,7 @@ def test_get_model_with_and_without_programs(api: httpx.Client) -> None:
     r = api.get(f"/v1/models/{model_id}")
     assert r.status_code == 200
     out = r.json()
-    sent = chain_spec(num_layers=2)
+    sent = exported_chain_spec(num_layers=2)
     assert [layer["fingerprint"] for layer in out["layers"]] == [
         layer.fingerprint for layer in sent.layers
     ]

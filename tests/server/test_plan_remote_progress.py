@@ -1,6 +1,7 @@
 """`stageprof plan --server` through a pipe: a job no worker takes says it is queued."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from tests.server.live import LiveServer
+from tests.support.processes import stop_processes
 
 
 def test_plan_server_shows_queued_while_no_worker_takes_the_job(
@@ -34,8 +36,7 @@ def test_plan_server_shows_queued_while_no_worker_takes_the_job(
             if line.startswith("queued:") or time.monotonic() - started > 60:
                 break
     finally:
-        proc.kill()
-        proc.wait(timeout=30)
+        stop_processes([proc], sig=signal.SIGKILL)
     queued = [ln for ln in lines if ln.startswith("queued:")]
     assert queued, lines
     assert "waiting for a worker" in queued[0]
@@ -55,8 +56,7 @@ def test_plan_server_with_an_idempotency_key_follows_the_first_job(
         )
         assert proc.stdout is not None
         first = proc.stdout.readline()
-        proc.kill()
-        proc.wait(timeout=30)
+        stop_processes([proc], sig=signal.SIGKILL)
         return first
 
     assert "queued at" in submit()

@@ -5,14 +5,14 @@ import json
 import httpx
 import pytest
 
-from tests.server.conftest import RowCounts
-from tests.server.factories import chain_spec
+from tests.server.factories import exported_chain_spec
+from tests.support.databases import RowCounts
 
 CLUSTER = {"num_hosts": 1, "devices_per_host": 2}
 
 
 def test_plan_for_a_stored_model(api: httpx.Client) -> None:
-    spec = chain_spec(num_layers=3).model_dump(mode="json")
+    spec = exported_chain_spec(num_layers=3).model_dump(mode="json")
     model_id = api.post("/v1/models", json=spec).json()["id"]
     r = api.post(
         "/v1/plans",
@@ -28,7 +28,7 @@ def test_plan_for_a_stored_model(api: httpx.Client) -> None:
 
 
 def test_plan_for_an_inline_model_stores_it(api: httpx.Client, row_counts: RowCounts) -> None:
-    spec = chain_spec(num_layers=2).model_dump(mode="json")
+    spec = exported_chain_spec(num_layers=2).model_dump(mode="json")
     r = api.post("/v1/plans", json={"model": spec, "cluster": CLUSTER})
     assert r.status_code == 202
     model_id = r.json()["model_id"]
@@ -106,7 +106,9 @@ def test_rule_breaking_requests_are_422(
 
 
 def test_micro_batch_must_match_the_stored_spec(api: httpx.Client, row_counts: RowCounts) -> None:
-    model_id = api.post("/v1/models", json=chain_spec(batch=4).model_dump(mode="json")).json()["id"]
+    model_id = api.post(
+        "/v1/models", json=exported_chain_spec(batch=4).model_dump(mode="json")
+    ).json()["id"]
     before = row_counts()
     bad = {"model_id": model_id, "options": {"num_microbatches": 4, "global_batch_size": 8}}
     r = api.post("/v1/plans", json=bad)
@@ -119,7 +121,7 @@ def test_micro_batch_must_match_the_stored_spec(api: httpx.Client, row_counts: R
 
 
 def test_inline_model_micro_batch_and_programs(api: httpx.Client, row_counts: RowCounts) -> None:
-    spec = chain_spec(batch=4).model_dump(mode="json")
+    spec = exported_chain_spec(batch=4).model_dump(mode="json")
     before = row_counts()
     r = api.post(
         "/v1/plans",

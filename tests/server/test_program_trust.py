@@ -12,12 +12,12 @@ import pytest
 
 from cli.commands.zoo_args import load_model
 from programs import layer_fingerprint
-from tests.server.conftest import RowCounts
-from tests.server.factories import chain_spec
+from tests.server.factories import exported_chain_spec
+from tests.support.databases import RowCounts
 
 
 def _doc(num_layers: int = 4, name: str = "chain") -> dict:
-    return chain_spec(num_layers, name=name).model_dump(mode="json")
+    return exported_chain_spec(num_layers, name=name).model_dump(mode="json")
 
 
 def _swap_programs(doc: dict, into: int, source: int) -> dict:
@@ -107,11 +107,11 @@ def test_a_corrupted_blob_is_a_422_naming_the_layer(
 
 
 def test_fingerprints_do_not_depend_on_names() -> None:
-    a = chain_spec(3, name="a", width=8)
-    b = chain_spec(3, name="b", width=8)
+    a = exported_chain_spec(3, name="a", width=8)
+    b = exported_chain_spec(3, name="b", width=8)
     renamed = b.layers[1].model_copy(update={"name": "renamed_block", "jaxpr": "anything"})
     assert layer_fingerprint(renamed) == a.layers[1].fingerprint
-    assert chain_spec(3, width=16).layers[1].fingerprint != a.layers[1].fingerprint
+    assert exported_chain_spec(3, width=16).layers[1].fingerprint != a.layers[1].fingerprint
 
 
 def test_a_spec_file_given_to_the_cli_is_verified_the_same_way(tmp_path: Path) -> None:

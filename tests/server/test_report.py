@@ -20,7 +20,7 @@ from cli.commands.plan_output import print_plan, write_report
 from schemas import ClusterSpec, JobStatus, Plan, PlanOptions
 from server.report import SCRIPTS, cost_matrix_url, render_job_report, stageprof_version
 from store import JobRow, ModelRow, create_job, finish_job, session_scope
-from tests.server.factories import SeededJob, chain_spec, make_plan, seed_job
+from tests.server.factories import SeededJob, exported_chain_spec, make_plan, seed_job
 from tests.server.test_browser import (
     ARTIFACTS,
     CHROMIUM_TIMEOUT_S,
@@ -179,7 +179,7 @@ def test_cli_prints_the_verdict_and_the_runner_up() -> None:
         "failed": 1,
         "wall_seconds": 1.5,
     }
-    print_plan(console, chain_spec(6), plan, stats)
+    print_plan(console, exported_chain_spec(6), plan, stats)
     text = console.export_text()
     assert "plan is stable: runner-up 18.3% slower, measured spread 2.1%" in text
     assert "runner-up: 0-3 on 1x1 as 1x1/data · 4-5 on 1x1 as 1x1/data" in text
@@ -188,7 +188,7 @@ def test_cli_prints_the_verdict_and_the_runner_up() -> None:
     assert "search 2.1 ms (1f1b: 1.3 ms)" in text
     assert "stageprof (1f1b)" in text
     console = Console(record=True, width=200)
-    print_plan(console, chain_spec(6), plan_variant(plan, "old"), stats)
+    print_plan(console, exported_chain_spec(6), plan_variant(plan, "old"), stats)
     assert "plan is" not in console.export_text()
 
 

@@ -21,9 +21,9 @@ from client.sdk import (
 )
 from schemas import ClusterSpec, JobStatus, PlanOptions
 from store import finish_job, session_scope
-from tests.server.factories import chain_spec, make_plan, seed_job
+from tests.server.factories import exported_chain_spec, make_plan, seed_job
 from tests.server.live import LiveServer
-from tests.server.test_serve_cli import free_port
+from tests.support.processes import free_port
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def sdk(api: httpx.Client, live_server: LiveServer) -> StageprofClient:
 
 
 def test_models_and_plans(sdk: StageprofClient) -> None:
-    spec = chain_spec(num_layers=3)
+    spec = exported_chain_spec(num_layers=3)
     ref = sdk.put_model(spec)
     assert ref.created and ref.layer_fingerprints == [layer.fingerprint for layer in spec.layers]
     assert sdk.put_model(spec).id == ref.id
@@ -113,10 +113,10 @@ def test_token_from_the_environment(
     with LiveServer(Settings(database_url=db_url, api_token=token)) as srv:
         monkeypatch.delenv("STAGEPROF_API_TOKEN", raising=False)
         with StageprofClient(srv.url) as anonymous, pytest.raises(AuthError):
-            anonymous.put_model(chain_spec(num_layers=2))
+            anonymous.put_model(exported_chain_spec(num_layers=2))
         monkeypatch.setenv("STAGEPROF_API_TOKEN", token)
         with StageprofClient(srv.url) as client:
-            assert client.put_model(chain_spec(num_layers=2)).created
+            assert client.put_model(exported_chain_spec(num_layers=2)).created
 
 
 def test_wait_for_job_waits_until_the_end_by_default_and_reports_progress(

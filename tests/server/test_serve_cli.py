@@ -2,24 +2,18 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from cli.main import build_parser
+from tests.support.processes import free_port, stop_processes
+from tests.support.waiting import wait_until
 
 START_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_arguments() -> None:
@@ -36,15 +30,17 @@ def test_serve_runs_the_api(tmp_path: Path, workers: int) -> None:
     cmd += ["--workers", str(workers), "--database-url", url, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
+
+        def running() -> None:
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+
+        def health() -> httpx.Response | None:
             try:
-                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                break
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
             except httpx.TransportError:
-                assert time.monotonic() < deadline, "stageprof serve did not answer"
-                time.sleep(0.2)
+                return None
+
+        r = wait_until(health, START_TIMEOUT_S, "stageprof serve answering", check=running)
         assert r.json() == {"status": "ok", "database": "ok"}
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/plans", json={"zoo": "mlp", "config": {"preset": "tiny"}}
@@ -53,9 +49,4 @@ def test_serve_runs_the_api(tmp_path: Path, workers: int) -> None:
         jobs = httpx.get(f"http://127.0.0.1:{port}/v1/jobs").json()["items"]
         assert [j["id"] for j in jobs] == [r.json()["job_id"]]
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_processes([proc], sig=signal.SIGINT)

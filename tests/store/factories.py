@@ -5,8 +5,6 @@ import base64
 from schemas import (
     LayerSpec,
     ModelSpec,
-    ModuleKind,
-    ModuleProfileResult,
     ParamSpec,
     ProfileStatus,
     ShardingConfig,
@@ -15,6 +13,7 @@ from schemas import (
     SubmeshShape,
     VarSpec,
 )
+from tests.support.profiles import fake_profile
 
 
 def tiny_spec(width: int = 8, name: str = "tiny", program_tag: str = "a") -> ModelSpec:
@@ -63,35 +62,17 @@ def profile(
     cost: float = 0.01,
     key: StageKey | None = None,
 ) -> StageProfileResult:
-    modules: tuple[ModuleProfileResult, ...] = ()
-    if status == ProfileStatus.ok:
-        modules = tuple(
-            ModuleProfileResult(
-                module=kind,
-                compute_cost=cost / 2,
-                peak_memory=1000,
-                temp_buffer_size=10,
-                invar_names=("w", "x"),
-                outvar_names=("y",),
-                invar_sizes=(400, 100),
-                outvar_sizes=(100,),
-                donated_invars=(False, False),
-                available_memory=2**30,
-                compute_cost_samples_s=(cost / 2,) * 3,
-            )
-            for kind in (ModuleKind.forward, ModuleKind.backward)
-        )
-    return StageProfileResult(
-        status=status,
-        error=None if status == ProfileStatus.ok else f"{status.value} happened",
-        fingerprint=fingerprint,
+    """A stage on a 1 x 2 submesh costing `cost` (half forward, half backward)."""
+    return fake_profile(
+        fingerprint,
+        status,
+        forward=cost / 2,
+        backward=cost / 2,
         key=key,
         submesh=SubmeshShape(hosts=1, devices_per_host=2),
         config=ShardingConfig(logical_mesh=(2, 1), strategy="data"),
-        num_layers=1,
-        module_profile_results=modules,
-        available_memory=2**30,
-        initial_var_size=400,
-        intermediate_size=100,
-        max_n_succ_stages=5,
+        temp=10,
+        samples=3,
+        with_vars=True,
+        failed_max_n_succ_stages=5,
     )

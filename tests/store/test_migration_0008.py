@@ -15,8 +15,8 @@ from migrations import alembic_config, upgrade
 from schemas import ProfileStatus, StageKey
 from store import get_profile, make_engine, profile_result
 from store.profiles import _profile_values
-from tests.conftest import postgres_url
 from tests.store.factories import profile
+from tests.support.databases import postgres_url
 
 KEY = StageKey(start=0, end=0, submesh_id=0, config_id=0)
 TWO_HOSTS = ["a1b2c3d4e5f6:4242", "0f9e8d7c6b5a:4250"]
