@@ -61,7 +61,7 @@ def test_the_summary_keeps_each_figure_on_one_line_at_120_columns() -> None:
         "wall_seconds": 67.3,
     }
     out = io.StringIO()
-    print_plan(Console(file=out, width=120, color_system=None), chain_spec(6), plan, stats)
+    print_plan(Console(file=out, width=120, color_system=None), exported_chain_spec(6), plan, stats)
     lines = out.getvalue().splitlines()
     counts = "123456 candidates, 12345 distinct stages: 10000 measured, 2000 reused, 300 pruned"
     assert any(counts in line and "45 failed" in line for line in lines), lines[-3:]
@@ -71,7 +71,7 @@ def test_the_summary_keeps_each_figure_on_one_line_at_120_columns() -> None:
 
 @pytest.mark.parametrize("schedule", ["auto", "zb-h1", "interleaved"])
 def test_plan_output_names_the_schedule_and_shows_the_others(schedule: str) -> None:
-    from tests.planner.helpers import chain_spec as planner_spec
+    from tests.planner.helpers import programless_chain_spec as planner_spec
     from tests.planner.test_schedule_search import _plan
 
     plan = _plan(3, schedule=schedule)

@@ -4,6 +4,7 @@ from schemas import (
     ClusterSpec,
     LayerSpec,
     ModelSpec,
+    ModuleKind,
     ProfileStatus,
     ShardingConfig,
     StageProfileResult,
@@ -11,7 +12,7 @@ from schemas import (
     VarSpec,
     max_n_succ_stages,
 )
-from tests.support.profiles import fake_profile
+from tests.support.profiles import fake_module, fake_profile
 
 MB = 8
 HIDDEN = 16
@@ -107,7 +108,7 @@ def split_result(
         submesh=submesh,
         config=config,
         num_layers=num_layers,
-        module_profile_results=tuple(module(k, t, peak=peak) for k, t in kinds),
+        module_profile_results=tuple(fake_module(k, t, peak=peak) for k, t in kinds),
         available_memory=available,
         initial_var_size=initial,
         intermediate_size=intermediate,

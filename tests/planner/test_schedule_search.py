@@ -15,7 +15,8 @@ from planner.sum_max_dp import objective, sum_max_dp
 from planner.table import build_cost_table
 from schemas import Plan, PlanOptions
 from tests.planner.brute_force import all_plans, brute_sum_max
-from tests.planner.helpers import chain_spec, cluster, split_result
+from tests.planner.helpers import cluster, split_result
+from tests.planner.helpers import programless_chain_spec as chain_spec
 
 MICRO = 4
 
