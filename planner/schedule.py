@@ -1,7 +1,6 @@
 """The schedule models: GPipe, 1F1B, interleaved 1F1B and ZB-H1, each a policy per device
 group on the shared engine (`planner.engine`), and what a simulation adds up to."""
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -158,46 +157,27 @@ def simulate_interleaved(
     return _schedule(run(durations, [k % p for k in range(num_stages)], _fixed(orders)))
 
 
-class ZeroBubbleH1:
-    """ZB-H1's policy for stage `s` of `p`: forwards and input-gradient backwards (B) in
-    micro-batch order with at most `p - s` micro-batches' activations kept (as 1F1B), and the
-    weight gradients (W) deferred: a W runs only when no B or F can start first. At most
-    `min(p, B)` micro-batches are between their forward and their W on any stage (1F1B's
-    first stage's count), so a forward waits for a W when that many are."""
-
-    def __init__(self, stage: int, num_stages: int, num_microbatches: int) -> None:
-        self.stage, self.micro = stage, num_microbatches
-        self.cap = min(num_stages - stage, num_microbatches)
-        self.in_flight = min(num_stages, num_microbatches)
-        self.next_f = self.next_b = 0
-        self.weights: deque[int] = deque()
-        self.weights_done = 0
-
-    def offers(self) -> list[Op]:
-        s = self.stage
-        out: list[Op] = []
-        full = self.next_f - self.weights_done >= self.in_flight
-        if self.next_b < self.next_f:
-            out.append(("backward", s, self.next_b))
-        if self.next_f < self.micro and self.next_f - self.next_b < self.cap and not full:
-            out.append(("forward", s, self.next_f))
-        if self.weights:
-            out.append(("weight", s, self.weights[0]))
-        return out
-
-    def commit(self, op: Op) -> None:
-        kind = op[0]
-        if kind == "forward":
-            self.next_f += 1
-        elif kind == "backward":
-            self.weights.append(self.next_b)
-            self.next_b += 1
-        else:
-            self.weights.popleft()
-            self.weights_done += 1
-
-    def done(self) -> bool:
-        return self.weights_done >= self.micro
+def zb_h1_order(stage: int, num_stages: int, num_microbatches: int) -> list[Op]:
+    """ZB-H1's op order on stage `s` of `p` (Qi et al., "Zero Bubble Pipeline Parallelism",
+    ICLR'24, the handcrafted ZB-H1): 1F1B's warm-up of `p - s` forwards, then for each
+    micro-batch its input-gradient backward (B), the weight gradient (W) of the micro-batch
+    `s` before it (stage `s` defers `s` of them into the cool-down bubble) and the next
+    forward; the deferred Ws last. Activations are 1F1B's (`p - s`), and at most `p`
+    micro-batches are between their forward and their W on any stage, as on 1F1B's first."""
+    s, m = stage, num_microbatches
+    warm_up = min(num_stages - s, m)
+    order: list[Op] = [("forward", s, i) for i in range(warm_up)]
+    next_f, next_w = warm_up, 0
+    for j in range(m):
+        order.append(("backward", s, j))
+        if j >= s:
+            order.append(("weight", s, next_w))
+            next_w += 1
+        if next_f < m:
+            order.append(("forward", s, next_f))
+            next_f += 1
+    order += [("weight", s, w) for w in range(next_w, m)]
+    return order
 
 
 def simulate_zb_h1(
@@ -208,10 +188,10 @@ def simulate_zb_h1(
 ) -> Schedule:
     """One iteration under ZB-H1 (zero bubble, same activation memory as 1F1B): the
     backward split into B (input gradients, on the critical path) and W (weight gradients),
-    W filling the bubbles (`ZeroBubbleH1`). Events of kind `backward` are B, `weight` W."""
+    W filling the bubbles (`zb_h1_order`). Events of kind `backward` are B, `weight` W."""
     p = _check(forward_costs, input_grad_costs, num_microbatches)
     check_costs("weight", weight_grad_costs, p)
-    policies = [ZeroBubbleH1(s, p, num_microbatches) for s in range(p)]
+    policies = [FixedOrder(zb_h1_order(s, p, num_microbatches)) for s in range(p)]
     durations: dict[Kind, Sequence[float]] = {
         "forward": forward_costs,
         "backward": input_grad_costs,
