@@ -23,10 +23,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
 
+from client.flops import eqn_flops
 from programs import strip_locations
 from schemas import DTYPE_BYTES, FLOAT_DTYPES, ParamSpec, VarSpec
 
 log = logging.getLogger(__name__)
+
+# Rematerialization variants: what each policy lets the forward save for the backward.
+REMAT_POLICIES: dict[str, Callable[..., bool]] = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 # Lower for both so a spec traced on a laptop runs on CPU and GPU workers alike.
 PLATFORMS: tuple[str, ...] = ("cpu", "cuda")
@@ -80,6 +87,7 @@ class LayerPrograms:
     residuals: list[VarSpec]
     saved: list[tuple[str, int]]  # ("input" | "output", position) of each saved var
     grad_inputs: list[int]  # positions of the differentiated inputs
+    backward_flops: float = 0.0  # the backward's FLOPs, recomputation included
 
     def names(
         self, inputs: Sequence[VarSpec], outputs: Sequence[VarSpec]
@@ -117,13 +125,21 @@ def export_layer_pair(
     outputs: Sequence[VarSpec],
     no_grad: Collection[str] = (),
     platforms: Sequence[str] = PLATFORMS,
+    remat: str = "as_written",
 ) -> LayerPrograms:
     """Export `fn(*params, *inputs) -> tuple(outputs)` as forward-with-residuals + backward.
+
+    `remat`: "as_written" exports `fn` as it is; a name of `REMAT_POLICIES` exports it under
+    `jax.checkpoint` with that policy (the backward recomputes what the policy does not save).
 
     `no_grad`: input names whose cotangents nobody needs (the model's batch inputs);
     integer inputs are never differentiated either. Residuals and saved vars the backward
     never reads (e.g. what a custom JVP rule linearizes but its transpose drops) are left
     out of both programs, so the stash is what a compiled training step keeps."""
+    if remat != "as_written":
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat: unknown variant {remat!r}; use one of {list(REMAT_POLICIES)}")
+        fn = jax.checkpoint(fn, policy=REMAT_POLICIES[remat])
     pair = _LayerPair(fn, params, inputs, outputs, no_grad, platforms)
     fwd, bwd = pair.export(None, None)
     kept = set(bwd.module_kept_var_idx)
@@ -147,6 +163,7 @@ def export_layer_pair(
         residuals=residual_specs,
         saved=list(keep_saved),
         grad_inputs=pair.diff_in,
+        backward_flops=pair.backward_flops(keep_saved, keep_res),
     )
 
 
@@ -249,6 +266,22 @@ class _LayerPair:
         grads_p, grads_d = jax.tree_util.tree_unflatten(self.layout.tree, leaves)(tuple(cts))
         return (*grads_p, *grads_d)
 
+    def _backward_structs(
+        self, saved: Sequence[tuple[str, int]], res: Sequence[int]
+    ) -> list[jax.ShapeDtypeStruct]:
+        return [
+            *(_struct(v) for v in self.params),
+            *(_struct(self._var(ref)) for ref in saved),
+            *(self.residual_structs[r] for r in res),
+            *(_struct(self.outputs[k]) for k in self.float_out),
+        ]
+
+    def backward_flops(self, saved: Sequence[tuple[str, int]], res: Sequence[int]) -> float:
+        """FLOPs of the backward keeping these saved vars and residuals (live equations only)."""
+        fn = functools.partial(self._backward, list(saved), list(res))
+        closed = jax.make_jaxpr(fn)(*self._backward_structs(saved, res))
+        return live_flops(closed.jaxpr)
+
     def export(
         self,
         keep_saved: Sequence[tuple[str, int]] | None,
@@ -262,16 +295,9 @@ class _LayerPair:
         )(*in_structs)
         saved = self.saved_refs if keep_saved is None else list(keep_saved)
         res = list(range(len(self.residual_structs))) if keep_res is None else list(keep_res)
-        saved_vars = [self._var(ref) for ref in saved]
-        bwd_structs = [
-            *in_structs[: len(self.params)],
-            *(_struct(v) for v in saved_vars),
-            *(self.residual_structs[r] for r in res),
-            *(_struct(self.outputs[k]) for k in self.float_out),
-        ]
         bwd = jax.export.export(
             jax.jit(functools.partial(self._backward, saved, res)), platforms=self.platforms
-        )(*bwd_structs)
+        )(*self._backward_structs(saved, res))
         return fwd, bwd
 
 
@@ -281,7 +307,28 @@ def export_layer(
     inputs: Sequence[VarSpec],
     outputs: Sequence[VarSpec],
     no_grad: Collection[str] = (),
+    remat: str = "as_written",
 ) -> LayerPrograms:
-    """Export a layer's jaxpr slice (invars = params then inputs) as its program pair."""
+    """Export a layer's jaxpr slice (invars = params then inputs) as its program pair, under
+    remat variant `remat`."""
     fn = core.jaxpr_as_fun(closed)
-    return export_layer_pair(lambda *args: tuple(fn(*args)), params, inputs, outputs, no_grad)
+    return export_layer_pair(
+        lambda *args: tuple(fn(*args)), params, inputs, outputs, no_grad, remat=remat
+    )
+
+
+def live_flops(jaxpr: core.Jaxpr) -> float:
+    """FLOPs of the equations of `jaxpr` whose results reach its outputs (or have effects)."""
+    needed = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
+    total = 0.0
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.effects or any(v in needed for v in eqn.outvars):
+            total += eqn_flops(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, core.Var))
+    return total
+
+
+def stash_bytes(programs: LayerPrograms, inputs: Sequence[VarSpec], outputs: Sequence[VarSpec]) -> int:
+    """Bytes a pair keeps per micro-batch for its backward: residuals and saved vars."""
+    saved = sum((inputs if k == "input" else outputs)[i].size_bytes for k, i in programs.saved)
+    return saved + sum(r.size_bytes for r in programs.residuals)

@@ -10,7 +10,14 @@ import numpy as np
 from jax.extend import core
 
 from client.clustering import cluster_segments, cut_bytes
-from client.export import LayerPrograms, export_layer, layer_text, slice_jaxpr
+from client.export import (
+    REMAT_POLICIES,
+    LayerPrograms,
+    export_layer,
+    layer_text,
+    slice_jaxpr,
+    stash_bytes,
+)
 from client.fingerprint import export_key
 from client.flax_scopes import module_scopes
 from client.flops import eqn_flops
@@ -18,7 +25,15 @@ from client.layers import clean_name, inline_scoped_calls
 from client.scan import Unstacked, unstack_scans
 from client.scopes import choose_level, inside_scopes, level_segments, scope_paths
 from programs import layer_fingerprint
-from schemas import DTYPE_BYTES, FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, VarSpec
+from schemas import (
+    DTYPE_BYTES,
+    FLOAT_DTYPES,
+    LayerSpec,
+    ModelSpec,
+    ParamSpec,
+    RematVariant,
+    VarSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +91,7 @@ def trace(
     name: str = "model",
     logical_axes: LogicalAxes | None = None,
     scopes: str | int | None = None,
+    remat_variants: tuple[str, ...] = ("full", "dots"),
 ) -> ModelSpec:
     """Trace `loss_fn(params, batch) -> scalar` into a `ModelSpec`.
 
@@ -99,7 +115,17 @@ def trace(
 
     With `layers=N` the equations are clustered into N layers by FLOPs; when the chosen level
     is below the top (a model of modules), cuts fall only between its scopes.
+
+    `remat_variants`: each distinct layer is also exported under these rematerialization
+    policies (`"full"`: the backward recomputes the whole layer; `"dots"`: matmul outputs
+    without batch dims are saved), for the planner to choose per stage; a variant that keeps
+    no less than the layer as written is left out. `()` exports the layers as written only.
     """
+    unknown_remat = sorted(set(remat_variants) - set(REMAT_POLICIES))
+    if unknown_remat:
+        raise ValueError(
+            f"remat_variants: unknown {unknown_remat}; use names of {list(REMAT_POLICIES)}"
+        )
     if not isinstance(batch, Mapping) or not batch:
         raise ValueError("batch must be a non-empty dict of named arrays")
     leaves_with_paths, _ = jax.tree_util.tree_flatten_with_path(params)
@@ -173,7 +199,7 @@ def trace(
 
     taken = set(param_names) | set(batch_names) | {piece.name for piece in unstacked.slices}
     layer_specs: list[LayerSpec] = []
-    programs: dict[str, LayerPrograms] = {}
+    programs: dict[tuple[str, str], LayerPrograms | None] = {}
     texts: dict[Any, tuple[str, str]] = {}  # a scan's iterations: one retrace for all
     for s, (_, lo, hi) in enumerate(segments):
         layer_specs.append(
@@ -189,6 +215,7 @@ def trace(
                 sum(flops[lo:hi]),
                 programs,
                 (unstacked, texts),
+                tuple(remat_variants),
             )
         )
     inputs = [_spec(v, info[v].name) for v in jaxpr.invars[len(param_names) :]]
@@ -211,8 +238,9 @@ def _build_layer(
     taken: set[str],
     axes: Mapping[str, tuple[str | None, ...] | None],
     flops: float,
-    programs: dict[str, LayerPrograms],
+    programs: dict[tuple[str, str], LayerPrograms | None],
     scans: tuple[Unstacked, dict[Any, tuple[str, str]]],
+    variants: tuple[str, ...],
 ) -> LayerSpec:
     """One `LayerSpec` from a slice of equations; names its outputs and exports its program."""
     param_vars: list[Any] = []
@@ -281,11 +309,12 @@ def _build_layer(
             texts[template] = (text, key)
     else:
         text, key = texts[template]
-    if key not in programs:
-        programs[key] = export_layer(closed, params, inputs, outputs, no_grad=batch)
+    if (key, "as_written") not in programs:
+        programs[key, "as_written"] = export_layer(closed, params, inputs, outputs, batch)
     else:
         log.debug("layer %s reuses the programs of an identical layer", layer_name)
-    pair = programs[key]
+    pair = programs[key, "as_written"]
+    assert pair is not None
     saved, _ = pair.names(inputs, outputs)
     layer = LayerSpec(
         name=layer_name,
@@ -299,8 +328,40 @@ def _build_layer(
         grad_inputs=grad_inputs,
         jaxpr=text,
         flops=flops,
+        backward_flops=pair.backward_flops,
     )
-    return layer.model_copy(update={"fingerprint": layer_fingerprint(layer)})
+    layer = layer.model_copy(update={"fingerprint": layer_fingerprint(layer)})
+    remat: dict[str, RematVariant] = {}
+    for variant in variants:
+        if (key, variant) not in programs:
+            alt = export_layer(closed, params, inputs, outputs, batch, remat=variant)
+            keeps_less = stash_bytes(alt, inputs, outputs) < stash_bytes(pair, inputs, outputs)
+            programs[key, variant] = alt if keeps_less else None
+        alt_pair = programs[key, variant]
+        if alt_pair is not None:
+            remat[variant] = _variant(layer, alt_pair)
+    return layer.model_copy(update={"remat_variants": remat}) if remat else layer
+
+
+def _variant(layer: LayerSpec, pair: LayerPrograms) -> RematVariant:
+    """`pair` as a remat variant of `layer`, with the fingerprint its programs give."""
+    saved, _ = pair.names(layer.inputs, layer.outputs)
+    variant = RematVariant(
+        forward=pair.forward,
+        backward=pair.backward,
+        residuals=pair.residuals,
+        saved=saved,
+        backward_flops=pair.backward_flops,
+    )
+    view = layer.model_copy(
+        update={
+            "forward": pair.forward,
+            "backward": pair.backward,
+            "residuals": pair.residuals,
+            "saved": saved,
+        }
+    )
+    return variant.model_copy(update={"fingerprint": layer_fingerprint(view)})
 
 
 def _vars_key(params: list[ParamSpec]) -> tuple:

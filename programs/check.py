@@ -18,11 +18,19 @@ class ProgramProblem:
     """One way a layer's program disagrees with its spec: `layers[layer].field: message`."""
 
     layer: int
-    field: str  # "forward" or "backward"
+    field: str  # "forward" or "backward", or "remat_variants[name].forward" ...
     message: str
 
     def __str__(self) -> str:
         return f"layers[{self.layer}].{self.field}: {self.message}"
+
+
+def layer_forms(layer: LayerSpec) -> list[tuple[str, LayerSpec]]:
+    """The layer as written (prefix "") and under each of its remat variants (prefix
+    "remat_variants['name']."), each as a plain layer."""
+    forms = [("", layer.variant("as_written"))]
+    forms += [(f"remat_variants[{n!r}].", layer.variant(n)) for n in layer.remat_variants]
+    return forms
 
 
 def expected_signatures(layer: LayerSpec) -> dict[str, tuple[Declared, Declared]]:
@@ -52,44 +60,50 @@ def check_programs(spec: ModelSpec) -> list[ProgramProblem]:
     """Deserialize every layer's forward and backward and compare their signatures with the
     declared vars (platforms aside: see `platform_problems`)."""
     problems: list[ProgramProblem] = []
-    for i, layer in enumerate(spec.layers):
-        for kind, (args, results) in expected_signatures(layer).items():
-            if not getattr(layer, kind):
-                problems.append(ProgramProblem(i, kind, f"the layer's {kind} program is empty"))
-                continue
-            try:
-                exp = load_program(getattr(layer, kind))
-            except (binascii.Error, ValueError) as e:
-                problems.append(ProgramProblem(i, kind, f"not valid base64 ({e})"))
-                continue
-            except Exception as e:  # noqa: BLE001 - any deserialization failure is a bad spec
-                problems.append(
-                    ProgramProblem(
-                        i, kind, f"cannot be deserialized by jax.export ({type(e).__name__})"
-                    )
+    for i, whole in enumerate(spec.layers):
+        for prefix, layer in layer_forms(whole):
+            problems += _layer_problems(i, prefix, layer)
+    return problems
+
+
+def _layer_problems(i: int, prefix: str, layer: LayerSpec) -> list[ProgramProblem]:
+    problems: list[ProgramProblem] = []
+    for kind, (args, results) in expected_signatures(layer).items():
+        where = prefix + kind
+        if not getattr(layer, kind):
+            problems.append(ProgramProblem(i, where, f"the layer's {kind} program is empty"))
+            continue
+        try:
+            exp = load_program(getattr(layer, kind))
+        except (binascii.Error, ValueError) as e:
+            problems.append(ProgramProblem(i, where, f"not valid base64 ({e})"))
+            continue
+        except Exception as e:  # noqa: BLE001 - any deserialization failure is a bad spec
+            problems.append(
+                ProgramProblem(
+                    i, where, f"cannot be deserialized by jax.export ({type(e).__name__})"
                 )
-                continue
-            problems += [ProgramProblem(i, kind, m) for m in _signature(exp, args, results)]
+            )
+            continue
+        problems += [ProgramProblem(i, where, m) for m in _signature(exp, args, results)]
     return problems
 
 
 def platform_problems(spec: ModelSpec, platform: str) -> list[ProgramProblem]:
     """Programs not exported for `platform` (those that do not load: see `check_programs`)."""
     problems = []
-    for i, layer in enumerate(spec.layers):
-        for kind in ("forward", "backward"):
-            try:
-                exp = load_program(getattr(layer, kind))
-            except Exception:  # noqa: BLE001 - reported by check_programs
-                continue
-            if platform not in exp.platforms:
-                problems.append(
-                    ProgramProblem(
-                        i,
-                        kind,
-                        f"exported for {list(exp.platforms)}, not for this worker's {platform!r}",
+    for i, whole in enumerate(spec.layers):
+        for prefix, layer in layer_forms(whole):
+            for kind in ("forward", "backward"):
+                try:
+                    exp = load_program(getattr(layer, kind))
+                except Exception:  # noqa: BLE001 - reported by check_programs
+                    continue
+                if platform not in exp.platforms:
+                    message = (
+                        f"exported for {list(exp.platforms)}, not for this worker's {platform!r}"
                     )
-                )
+                    problems.append(ProgramProblem(i, prefix + kind, message))
     return problems
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
 
-from programs.check import ProgramProblem, check_programs
+from programs.check import ProgramProblem, check_programs, layer_forms
 from programs.load import load_program
 from schemas import LayerSpec, ModelSpec, VarSpec
 
@@ -101,10 +101,18 @@ def layer_fingerprint(layer: LayerSpec) -> str:
 
 
 def with_fingerprints(spec: ModelSpec) -> ModelSpec:
-    """`spec` with every layer's fingerprint set to the one its programs give."""
-    layers = [
-        layer.model_copy(update={"fingerprint": layer_fingerprint(layer)}) for layer in spec.layers
-    ]
+    """`spec` with every layer's (and remat variant's) fingerprint set to the one its
+    programs give."""
+    layers = []
+    for layer in spec.layers:
+        variants = {
+            n: v.model_copy(update={"fingerprint": layer_fingerprint(layer.variant(n))})
+            for n, v in layer.remat_variants.items()
+        }
+        update: dict[str, Any] = {"fingerprint": layer_fingerprint(layer)}
+        if variants:
+            update["remat_variants"] = variants
+        layers.append(layer.model_copy(update=update))
     return spec.model_copy(update={"layers": layers})
 
 
@@ -112,21 +120,22 @@ def fingerprint_problems(spec: ModelSpec) -> list[ProgramProblem]:
     """Layers (whose programs passed `check_programs`) with a stated fingerprint that is not
     their programs' own, or whose StableHLO module cannot be read."""
     problems = []
-    for i, layer in enumerate(spec.layers):
-        try:
-            computed = layer_fingerprint(layer)
-        except Exception as e:  # noqa: BLE001 - a module jax cannot read is a bad spec
-            problems.append(
-                ProgramProblem(i, "forward", f"its StableHLO module cannot be read: {e}")
-            )
-            continue
-        if layer.fingerprint and layer.fingerprint != computed:
-            message = (
-                f"is {layer.fingerprint!r} but the layer's programs give {computed!r}: "
-                "fingerprints are computed from the programs (leave it empty, or trace with "
-                f"jax {jax.__version__})"
-            )
-            problems.append(ProgramProblem(i, "fingerprint", message))
+    for i, whole in enumerate(spec.layers):
+        for prefix, layer in layer_forms(whole):
+            try:
+                computed = layer_fingerprint(layer)
+            except Exception as e:  # noqa: BLE001 - a module jax cannot read is a bad spec
+                problems.append(
+                    ProgramProblem(i, prefix + "forward", f"its StableHLO module cannot be read: {e}")
+                )
+                continue
+            if layer.fingerprint and layer.fingerprint != computed:
+                message = (
+                    f"is {layer.fingerprint!r} but the layer's programs give {computed!r}: "
+                    "fingerprints are computed from the programs (leave it empty, or trace "
+                    f"with jax {jax.__version__})"
+                )
+                problems.append(ProgramProblem(i, prefix + "fingerprint", message))
     return problems
 
 

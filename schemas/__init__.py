@@ -14,7 +14,15 @@ from schemas.cluster import (
     SubmeshShape,
 )
 from schemas.job import Job, JobStatus, Progress
-from schemas.model import LayerSpec, ModelSpec, ParamSpec, VarSpec
+from schemas.model import (
+    REMAT_CHOICES,
+    REMAT_VARIANTS,
+    LayerSpec,
+    ModelSpec,
+    ParamSpec,
+    RematVariant,
+    VarSpec,
+)
 from schemas.plan import (
     BaselinePlan,
     ConfigSpace,
@@ -49,6 +57,9 @@ __all__ = [
     "Job",
     "JobStatus",
     "LayerSpec",
+    "REMAT_CHOICES",
+    "REMAT_VARIANTS",
+    "RematVariant",
     "ManualStageOption",
     "ModelSpec",
     "ModuleKind",

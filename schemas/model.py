@@ -129,6 +129,48 @@ class ParamSpec(VarSpec):
         return self
 
 
+REMAT_VARIANTS = ("full", "dots")
+REMAT_CHOICES = ("as_written", *REMAT_VARIANTS)
+
+
+class RematVariant(Frozen):
+    """The layer's pair exported under a rematerialization policy: the same inputs, outputs,
+    params and gradient inputs, its own programs, residuals and backward reads."""
+
+    forward: str = Field(
+        max_length=MAX_PROGRAM_CHARS,
+        json_schema_extra={"pattern": BASE64_PATTERN},
+        description="jax.export serialized forward under the policy, base64.",
+    )
+    backward: str = Field(
+        max_length=MAX_PROGRAM_CHARS,
+        json_schema_extra={"pattern": BASE64_PATTERN},
+        description="jax.export serialized backward under the policy (it recomputes what the "
+        "policy did not save), base64.",
+    )
+    residuals: list[VarSpec] = Field(
+        default_factory=list, description="What this forward keeps for its backward."
+    )
+    saved: list[str] = Field(
+        default_factory=list,
+        description="Names of the layer's inputs and outputs this backward reads, in order.",
+        json_schema_extra={"items": NAME_SCHEMA, "uniqueItems": True},
+    )
+    backward_flops: float = Field(
+        0.0, ge=0, description="Backward FLOPs per micro-batch, recomputation included."
+    )
+    fingerprint: str = Field(
+        "",
+        max_length=128,
+        json_schema_extra={"pattern": TEXT_PATTERN},
+        description="Fingerprint of the layer under this variant (its programs' own).",
+    )
+
+    @property
+    def program_chars(self) -> int:
+        return len(self.forward) + len(self.backward)
+
+
 class LayerSpec(Frozen):
     """One layer: a contiguous piece of the forward computation, as a forward/backward pair."""
 
@@ -178,6 +220,14 @@ class LayerSpec(Frozen):
         json_schema_extra={"pattern": TEXT_PATTERN},
         description="Hash of the canonical computation and shapes; equal for identical layers.",
     )
+    backward_flops: float = Field(
+        0.0, ge=0, description="Backward FLOPs per micro-batch of the pair as written (0: unknown)."
+    )
+    remat_variants: dict[str, RematVariant] = Field(
+        default_factory=dict,
+        description=f"The pair under rematerialization policies, by name ({list(REMAT_VARIANTS)}); "
+        "the pair above is 'as_written'.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -204,7 +254,37 @@ class LayerSpec(Frozen):
         for n in self.grad_inputs:
             if n not in floats:
                 raise ValueError(f"grad_inputs names {n!r}, which is not a floating input")
+        for key, variant in self.remat_variants.items():
+            if key not in REMAT_VARIANTS:
+                raise ValueError(
+                    f"remat_variants: unknown variant {key!r}; use one of {list(REMAT_VARIANTS)}"
+                )
+            _check_unique([v.name for v in variant.residuals], f"{key} residual")
+            _check_unique(variant.saved, f"{key} saved")
+            for n in variant.saved:
+                if n not in own:
+                    raise ValueError(
+                        f"remat_variants[{key!r}].saved: {n!r} is neither an input nor an output"
+                    )
         return self
+
+    def variant(self, name: str) -> "LayerSpec":
+        """This layer as it runs under remat variant `name` ('as_written': itself), with no
+        variants of its own. Raises `KeyError` for a variant it does not carry."""
+        if name == "as_written":
+            return self.model_copy(update={"remat_variants": {}}) if self.remat_variants else self
+        v = self.remat_variants[name]
+        return self.model_copy(
+            update={
+                "forward": v.forward,
+                "backward": v.backward,
+                "residuals": v.residuals,
+                "saved": v.saved,
+                "backward_flops": v.backward_flops,
+                "fingerprint": v.fingerprint,
+                "remat_variants": {},
+            }
+        )
 
     @property
     def param_bytes(self) -> int:
@@ -212,7 +292,9 @@ class LayerSpec(Frozen):
 
     @property
     def program_chars(self) -> int:
-        return len(self.forward) + len(self.backward)
+        """Characters of its programs, its remat variants' included."""
+        own = len(self.forward) + len(self.backward)
+        return own + sum(v.program_chars for v in self.remat_variants.values())
 
 
 class ModelSpec(Frozen):
