@@ -328,7 +328,9 @@ def live_flops(jaxpr: core.Jaxpr) -> float:
     return total
 
 
-def stash_bytes(programs: LayerPrograms, inputs: Sequence[VarSpec], outputs: Sequence[VarSpec]) -> int:
+def stash_bytes(
+    programs: LayerPrograms, inputs: Sequence[VarSpec], outputs: Sequence[VarSpec]
+) -> int:
     """Bytes a pair keeps per micro-batch for its backward: residuals and saved vars."""
     saved = sum((inputs if k == "input" else outputs)[i].size_bytes for k, i in programs.saved)
     return saved + sum(r.size_bytes for r in programs.residuals)

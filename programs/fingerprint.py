@@ -126,7 +126,9 @@ def fingerprint_problems(spec: ModelSpec) -> list[ProgramProblem]:
                 computed = layer_fingerprint(layer)
             except Exception as e:  # noqa: BLE001 - a module jax cannot read is a bad spec
                 problems.append(
-                    ProgramProblem(i, prefix + "forward", f"its StableHLO module cannot be read: {e}")
+                    ProgramProblem(
+                        i, prefix + "forward", f"its StableHLO module cannot be read: {e}"
+                    )
                 )
                 continue
             if layer.fingerprint and layer.fingerprint != computed:
