@@ -333,6 +333,19 @@ class ModelSpec(Frozen):
             raise ValueError("; ".join(errors))
         return self
 
+    def under_remat(self, name: str) -> "ModelSpec":
+        """The model with every layer that carries remat variant `name` running under it
+        (the others as written); 'as_written' gives the model as traced, without variants.
+        A stage composed from it runs all its layers under one variant, and its stage
+        fingerprint differs from the as-written one exactly where a layer's programs do."""
+        if name not in REMAT_CHOICES:
+            raise ValueError(f"remat: unknown variant {name!r}; use one of {list(REMAT_CHOICES)}")
+        layers = [
+            layer.variant(name if name in layer.remat_variants else "as_written")
+            for layer in self.layers
+        ]
+        return self.model_copy(update={"layers": layers})
+
     @property
     def micro_batch_size(self) -> int:
         return self.inputs[0].shape[0] if self.inputs[0].shape else 1

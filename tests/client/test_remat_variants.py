@@ -9,7 +9,10 @@ import pytest
 import client
 import programs
 from programs import load_program
-from schemas import ModelSpec
+from schemas import REMAT_CHOICES, ModelSpec, PlanOptions, ShardingConfig, SubmeshShape
+from tests.client.helpers import assert_roundtrip
+from workers.measure import compose_stage
+from workers.measure.fingerprint import stage_fingerprint
 
 H, N = 64, 16
 
@@ -173,3 +176,29 @@ def _with_variant(spec: ModelSpec, name: str, variant) -> ModelSpec:
     layer = spec.layers[0]
     layer = layer.model_copy(update={"remat_variants": {**layer.remat_variants, name: variant}})
     return spec.model_copy(update={"layers": [layer, *spec.layers[1:]]})
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_stages_composed_under_a_variant_train_the_same(spec, remat) -> None:
+    assert_roundtrip(spec.under_remat(remat), loss, PARAMS, BATCH, cuts=(2,))
+
+
+def test_a_variant_stage_has_its_own_fingerprint_and_smaller_stash(spec) -> None:
+    args = {
+        "submesh": SubmeshShape(hosts=1, devices_per_host=1),
+        "config": ShardingConfig(logical_mesh=(1, 1), strategy="data"),
+        "device_kind": "cpu",
+        "jax_version": jax.__version__,
+        "options": PlanOptions(),
+    }
+    fps = {r: stage_fingerprint(spec.under_remat(r), 1, 2, **args) for r in REMAT_CHOICES}
+    assert fps["as_written"] == stage_fingerprint(spec, 1, 2, **args)
+    assert len(set(fps.values())) == 3
+    stash = {
+        r: sum(v.size_bytes for v in compose_stage(spec.under_remat(r), 1, 2).stash)
+        for r in REMAT_CHOICES
+    }
+    assert stash["full"] == 2 * N * H * 4  # each block's input
+    assert stash["full"] < stash["dots"] < stash["as_written"]
+    with pytest.raises(ValueError, match="unknown variant 'most'"):
+        spec.under_remat("most")

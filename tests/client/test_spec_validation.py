@@ -25,7 +25,7 @@ def _loss(p: dict, b: dict) -> jnp.ndarray:
 @pytest.fixture(scope="module")
 def doc() -> dict:
     params = {k: jnp.ones((4, 4)) * 0.1 for k in "abc"}
-    spec = client.trace(_loss, params, {"x": jnp.ones((2, 4))})
+    spec = client.trace(_loss, params, {"x": jnp.ones((2, 4))}, remat_variants=())
     return spec.model_dump()
 
 
