@@ -5,13 +5,14 @@ the schedule asked for (GPipe, 1F1B, interleaved 1F1B, ZB-H1) or the fastest of 
 """
 
 from planner.baselines import baseline_keys, baseline_plans
-from planner.candidates import CandidateSpace, enumerate_candidates
+from planner.candidates import CandidateSpace, enumerate_candidates, remat_choices
 from planner.choices import config_choices, logical_meshes, submesh_choices
 from planner.comm import boundary_bytes, transfer_seconds
 from planner.dp import DPResult, inference_dp, training_dp
 from planner.errors import NoFeasiblePlan
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
+from planner.remat import remat_worth_measuring
 from planner.runner_up import runner_up_dp
 from planner.schedule import SCHEDULES, Schedule, simulate, simulate_1f1b
 from planner.search import ScheduleSearch, search_schedule
@@ -33,6 +34,8 @@ __all__ = [
     "build_plan",
     "config_choices",
     "enumerate_candidates",
+    "remat_choices",
+    "remat_worth_measuring",
     "inference_dp",
     "logical_meshes",
     "manual_stage_option",

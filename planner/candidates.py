@@ -4,7 +4,15 @@ import logging
 from dataclasses import dataclass
 
 from planner.choices import config_choices, submesh_choices
-from schemas import ClusterSpec, ModelSpec, PlanOptions, ShardingConfig, StageKey, SubmeshShape
+from schemas import (
+    REMAT_VARIANTS,
+    ClusterSpec,
+    ModelSpec,
+    PlanOptions,
+    ShardingConfig,
+    StageKey,
+    SubmeshShape,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +44,10 @@ class CandidateSpace:
             )
         return self.submeshes[m], self.configs[m][c]
 
+    def is_remat(self, key: StageKey | tuple[int, int, int, int]) -> bool:
+        """Whether the key's config runs its layers under a remat variant."""
+        return self.resolve(key)[1].remat != "as_written"
+
 
 def keep_range(
     range_flops: float,
@@ -57,6 +69,21 @@ def keep_range(
     return flops_ratio / (1 + tolerance) <= source_ratio <= flops_ratio * (1 + tolerance)
 
 
+def remat_choices(spec: ModelSpec, remat: str) -> list[str]:
+    """The remat variants stages of `spec` are measured under for `PlanOptions.remat`:
+    "auto": as_written and every variant some layer carries; else just that one. Raises
+    `ValueError` for a variant no layer carries."""
+    carried = [v for v in REMAT_VARIANTS if any(v in layer.remat_variants for layer in spec.layers)]
+    if remat == "auto":
+        return ["as_written", *carried]
+    if remat != "as_written" and remat not in carried:
+        raise ValueError(
+            f"remat: no layer of the model carries the {remat!r} variant; trace it with "
+            f"client.trace(..., remat_variants=({remat!r},)) (carried: {carried or 'none'})"
+        )
+    return [remat]
+
+
 def enumerate_candidates(
     spec: ModelSpec, cluster: ClusterSpec, options: PlanOptions
 ) -> CandidateSpace:
@@ -74,8 +101,15 @@ def enumerate_candidates(
         options.manual_submeshes,
     )
     submeshes = [SubmeshShape(hosts=h, devices_per_host=d) for h, d in shapes]
+    remats = remat_choices(spec, options.remat)
     configs = [
-        config_choices(s, spec.micro_batch_size, options.config_space, options.strategies)
+        [
+            c.model_copy(update={"remat": r})
+            for r in remats
+            for c in config_choices(
+                s, spec.micro_batch_size, options.config_space, options.strategies
+            )
+        ]
         for s in submeshes
     ]
     num_layers = spec.num_layers

@@ -33,6 +33,7 @@ def planned_stage(
         max_n_succ_stages=result.max_n_succ_stages,
         fingerprint=result.fingerprint,
         flops=result.flops,
+        remat=config.remat,
     )
 
 

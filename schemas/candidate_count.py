@@ -134,8 +134,12 @@ def count_candidates(
     options: PlanOptions,
     micro_batch_size: int,
     layer_flops: Sequence[float] | None = None,
+    remat_choices: int = 1,
 ) -> CandidateCount:
     """The number of stage candidates `planner.enumerate_candidates` makes.
+
+    `remat_choices`: how many remat variants each sharding config is measured under
+    (`planner.remat_choices`; 1 when the spec carries none).
 
     `layer_flops` (one per layer) applies `options.layer_imbalance_tolerance`; without them
     the count is an upper bound when a tolerance is set.
@@ -153,7 +157,7 @@ def count_candidates(
         cluster.num_hosts, cluster.devices_per_host, options.submesh_space, options.manual_submeshes
     ):
         n = hosts * per_host
-        configs = config_count(
+        configs = remat_choices * config_count(
             hosts, per_host, micro_batch_size, options.config_space, options.strategies
         )
         if n == cluster_n:

@@ -7,6 +7,10 @@ from pydantic import Field, field_validator, model_validator
 from schemas.base import TEXT_PATTERN, Frozen
 from schemas.limits import MAX_DEVICE_MEMORY_BYTES, MIN_DEVICE_MEMORY_BYTES
 
+# The remat variants a stage can run under ("as_written": the layers as traced).
+REMAT_VARIANTS = ("full", "dots")
+REMAT_CHOICES = ("as_written", *REMAT_VARIANTS)
+
 StrategyName = Literal["data", "megatron", "fsdp"]
 
 DTYPE_BYTES: dict[str, int] = {
@@ -120,6 +124,19 @@ class ShardingConfig(Frozen):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Strategy options, kept as given (JSON values)."
     )
+    remat: str = Field(
+        "as_written",
+        description="Remat variant every layer of the stage runs under: as_written (the "
+        "programs as traced), full or dots (the layer's exported remat variants).",
+        json_schema_extra={"enum": list(REMAT_CHOICES)},
+    )
+
+    @field_validator("remat")
+    @classmethod
+    def _remat(cls, v: str) -> str:
+        if v not in REMAT_CHOICES:
+            raise ValueError(f"unknown remat variant {v!r}; use one of {list(REMAT_CHOICES)}")
+        return v
 
     @field_validator("logical_mesh")
     @classmethod
@@ -134,7 +151,8 @@ class ShardingConfig(Frozen):
 
     def label(self) -> str:
         dp, tp = self.logical_mesh
-        return f"{dp}x{tp}/{self.strategy}"
+        remat = "" if self.remat == "as_written" else f"+remat:{self.remat}"
+        return f"{dp}x{tp}/{self.strategy}{remat}"
 
 
 class StageKey(Frozen):

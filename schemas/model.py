@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, mod
 from pydantic.config import JsonDict
 
 from schemas.base import TEXT_PATTERN, Frozen
-from schemas.cluster import DTYPE_BYTES, FLOAT_DTYPES
+from schemas.cluster import DTYPE_BYTES, FLOAT_DTYPES, REMAT_CHOICES, REMAT_VARIANTS
 
 MAX_LAYERS = 1024
 MAX_RANK = 8
@@ -127,10 +127,6 @@ class ParamSpec(VarSpec):
                 "parameter"
             )
         return self
-
-
-REMAT_VARIANTS = ("full", "dots")
-REMAT_CHOICES = ("as_written", *REMAT_VARIANTS)
 
 
 class RematVariant(Frozen):

@@ -101,6 +101,11 @@ class PlanOptions(Frozen):
         description="Pipeline schedule: one of 1f1b, gpipe, interleaved, zb-h1, or auto (the "
         "best plan of each is simulated and the fastest chosen).",
     )
+    remat: Literal["auto", "as_written", "full", "dots"] = Field(
+        "auto",
+        description="Rematerialization per stage: auto (the planner chooses each stage's "
+        "variant under the schedule's memory rule), or every stage as_written / full / dots.",
+    )
     virtual_stages: int | None = Field(
         None,
         ge=1,
@@ -229,6 +234,9 @@ class PlannedStage(Frozen):
         ge=0,
         description="Predicted peak bytes per device of its device group under the plan's "
         "schedule (peak + parameters and optimizer state + the micro-batches it keeps).",
+    )
+    remat: str = Field(
+        "as_written", description="Remat variant its layers run under (its config's)."
     )
 
 

@@ -24,7 +24,7 @@ from server.checks import (
     zoo_ref_errors,
     zoo_size_errors,
 )
-from server.errors import Conflict, Loc, NotFound
+from server.errors import Conflict, Loc, NotFound, field_error
 from server.zoo_limits import spec_shape
 from store import OldModelForm, get_model_row, is_current_form
 from store.models import model_id_for
@@ -74,7 +74,19 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     num_layers, micro_batch, flops, layers_loc, errors = _model_shape(body, session)
     raise_if(errors)
     raise_if(micro_batch_errors(body.options, micro_batch, options_loc))
-    count = count_candidates(num_layers, body.cluster, body.options, micro_batch, flops)
+    remats = 1
+    if body.model is not None:  # a stored model's variants are counted by the runner
+        carried = {v for layer in body.model.layers for v in layer.remat_variants}
+        remat = body.options.remat
+        if remat == "auto":
+            remats += len(carried)
+        elif remat != "as_written" and remat not in carried:
+            message = (
+                f"no layer of the model carries the {remat!r} remat variant; trace it with "
+                f"client.trace(..., remat_variants=({remat!r},))"
+            )
+            raise_if([field_error((*options_loc, "remat"), message)])
+    count = count_candidates(num_layers, body.cluster, body.options, micro_batch, flops, remats)
     cap = max_candidates()
     raise_if(candidate_errors(count, cap, num_layers, body.cluster, body.options, layers_loc))
     if body.model is not None:

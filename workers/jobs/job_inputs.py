@@ -71,7 +71,12 @@ def enumerate_space(
     closed form first: a huge model is never enumerated)."""
     cap = max_candidates()
     count = count_candidates(
-        spec.num_layers, cluster, options, spec.micro_batch_size, [x.flops for x in spec.layers]
+        spec.num_layers,
+        cluster,
+        options,
+        spec.micro_batch_size,
+        [x.flops for x in spec.layers],
+        len(planner.remat_choices(spec, options.remat)),
     )
     if count.total > cap:
         raise JobFailed(

@@ -185,6 +185,11 @@ class MeasuringPhase:
                 return None
             raise
 
+    def skip(self, fingerprints: list[str], stats: JobStats) -> None:
+        """Stages not worth measuring (e.g. remat variants where memory is ample): stored
+        as pruned."""
+        self._store_pruned(fingerprints, stats)
+
     def _store_pruned(self, fingerprints: list[str], stats: JobStats) -> None:
         job_id = self.job_id
 

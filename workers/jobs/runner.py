@@ -286,8 +286,7 @@ class JobRunner:
     def _profile_and_plan(
         self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
     ) -> Plan:
-        from workers.measure.compose import check_programs
-        from workers.measure.fingerprint import stage_fingerprint
+        from workers.measure import check_programs, remat_spec, stage_fingerprint
 
         model_id, spec, cluster, options = load_job(self.store, keeper, job_id, self.build_zoo)
         try:
@@ -338,7 +337,14 @@ class JobRunner:
                 keeper.check()
             submesh, config = space.resolve(key)
             fp = stage_fingerprint(
-                spec, key.start, key.end, submesh, config, device_kind, jax_version, options
+                remat_spec(spec, config.remat),
+                key.start,
+                key.end,
+                submesh,
+                config,
+                device_kind,
+                jax_version,
+                options,
             )
             if not self.config.reuse_stages:
                 fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
@@ -354,7 +360,15 @@ class JobRunner:
             key = keys_by_fp[fp][0]
             submesh, config = space.resolve(key)
             return stage_fingerprint(
-                spec, key.start, key.end, submesh, config, device_kind, jax_version, options, True
+                remat_spec(spec, config.remat),
+                key.start,
+                key.end,
+                submesh,
+                config,
+                device_kind,
+                jax_version,
+                options,
+                True,
             )
 
         def reuse(s: Session) -> tuple[list[str], int, Results]:
@@ -399,8 +413,37 @@ class JobRunner:
             # Small stages first: they are cheap and bound the big ones, which may then
             # never need measuring. Within a size, larger submeshes first (as Alpa).
             to_measure.sort(key=lambda fp: measure_order(keys_by_fp[fp], space))
-        to_measure = by_group_shape(to_measure, keys_by_fp, space, layout)
-        phase.run(to_measure, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
+        # remat variants after the as-written stages, and only where those lack room
+        variant = {fp for fp in to_measure if all(space.is_remat(k) for k in keys_by_fp[fp])}
+        plain = by_group_shape(
+            [fp for fp in to_measure if fp not in variant], keys_by_fp, space, layout
+        )
+        phase.run(plain, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
+        if variant:
+            measured = self.store.patient(
+                "results so far", lambda s: store.job_results(s, job_id=job_id)
+            )
+
+            def worth(fp: str) -> bool:
+                return any(
+                    planner.remat_worth_measuring(
+                        k.as_tuple(), space, measured, spec.num_layers, cluster.num_devices, options
+                    )
+                    for k in keys_by_fp[fp]
+                )
+
+            wanted = [fp for fp in to_measure if fp in variant and worth(fp)]
+            skipped = [fp for fp in to_measure if fp in variant and fp not in set(wanted)]
+            logger.info(
+                "job %s: %d remat-variant stages to measure, %d not needed",
+                job_id,
+                len(wanted),
+                len(skipped),
+            )
+            if skipped:
+                phase.skip(skipped, stats)
+            wanted = by_group_shape(wanted, keys_by_fp, space, layout)
+            phase.run(wanted, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
 
         def to_planning(s: Session) -> Results | None:
             if not store.set_job_status(

@@ -4,7 +4,7 @@ profiling). Imports jax: set `XLA_FLAGS` first."""
 
 from workers.measure.compose import check_programs, compose_stage
 from workers.measure.fingerprint import MEASUREMENT_METHOD, stage_fingerprint, stage_io
-from workers.measure.stage import CandidateFailure, measure_stage, measure_stage_on
+from workers.measure.stage import CandidateFailure, measure_stage, measure_stage_on, remat_spec
 
 __all__ = [
     "MEASUREMENT_METHOD",
@@ -13,6 +13,7 @@ __all__ = [
     "compose_stage",
     "measure_stage",
     "measure_stage_on",
+    "remat_spec",
     "stage_fingerprint",
     "stage_io",
 ]

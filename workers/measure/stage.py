@@ -265,6 +265,24 @@ def _initial_opt_state(modules: StageModules, params: list[jax.Array]) -> Any:
     return jax.device_put(modules.optimizer.init(params), shardings)
 
 
+_remat_specs: dict[tuple[int, str], tuple[ModelSpec, ModelSpec]] = {}
+
+
+def remat_spec(spec: ModelSpec, remat: str) -> ModelSpec:
+    """`spec.under_remat(remat)`, kept for the last specs seen (every candidate of a job
+    would otherwise copy the whole spec and re-hash its layers)."""
+    if remat == "as_written" and not any(layer.remat_variants for layer in spec.layers):
+        return spec
+    hit = _remat_specs.get((id(spec), remat))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    if len(_remat_specs) > 16:
+        _remat_specs.clear()
+    under = spec.under_remat(remat)
+    _remat_specs[id(spec), remat] = (spec, under)
+    return under
+
+
 def measure_stage_on(
     spec: ModelSpec,
     start: int,
@@ -281,7 +299,9 @@ def measure_stage_on(
     compile_error, runtime_error, timeout) is the result's status, with the error text.
 
     The timeout is checked between phases and runs (an XLA compile cannot be interrupted
-    in-process); a hard limit is the runner's, which kills the worker."""
+    in-process); a hard limit is the runner's, which kills the worker. The stage's layers
+    run under `config.remat` (their programs of that remat variant)."""
+    spec = remat_spec(spec, config.remat)
     all_devices = list(jax.devices() if devices is None else devices)
     stage_devices = all_devices[: submesh.num_devices]
     device_kind = stage_devices[0].device_kind if stage_devices else cluster.device_kind

@@ -1,0 +1,74 @@
+"""Which remat-variant candidates are worth measuring.
+
+A candidate whose config runs its layers under a remat variant (`ShardingConfig.remat` other
+than as_written) can only help where memory binds: its as-written sibling (same layers,
+submesh and sharding) is measured first, and the variant is measured only when that sibling
+ran out of memory, or keeps too little room for the micro-batches some schedule considered
+would stash on it. The room asked per schedule, in Alpa's `max_n_succ_stages` (how many
+stages may follow before the stage's activations overflow; `q` = how many stages can follow
+it, at most one per remaining layer and device):
+- `1f1b`: `q` (it keeps `q + 1` micro-batches);
+- `zb-h1`: `q + 1` (one more for the weight stashes it keeps beside them);
+- `gpipe`, `interleaved`: `B - 1` (every micro-batch in flight, the conservative bound).
+"""
+
+from collections.abc import Mapping
+
+from planner.candidates import CandidateSpace
+from planner.table import Key
+from schemas import PlanOptions, ProfileStatus, StageProfileResult
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
+
+
+def as_written_sibling(space: CandidateSpace, key: Key) -> Key | None:
+    """The as-written candidate of a remat-variant candidate's stage (None for an
+    as-written candidate)."""
+    start, end, m, c = key
+    config = space.configs[m][c]
+    if config.remat == "as_written":
+        return None
+    plain = config.model_copy(update={"remat": "as_written"})
+    for c2, other in enumerate(space.configs[m]):
+        if other == plain:
+            return (start, end, m, c2)
+    return None
+
+
+def room_needed(
+    key: Key, space: CandidateSpace, num_layers: int, num_devices: int, options: PlanOptions
+) -> int:
+    """The `max_n_succ_stages` a stage needs under every schedule `options` considers."""
+    _, end, m, _ = key
+    follow = max(0, min(num_layers - 1 - end, num_devices - space.submeshes[m].num_devices))
+    considered = SCHEDULES if options.schedule == "auto" else (options.schedule,)
+    need = {
+        "1f1b": follow,
+        "zb-h1": follow + 1,
+        "gpipe": options.num_microbatches - 1,
+        "interleaved": options.num_microbatches - 1,
+    }
+    return max(need[s] for s in considered)
+
+
+def remat_worth_measuring(
+    key: Key,
+    space: CandidateSpace,
+    results: Mapping[Key, StageProfileResult],
+    num_layers: int,
+    num_devices: int,
+    options: PlanOptions,
+) -> bool:
+    """Whether a candidate is worth measuring as far as remat goes: every as-written one is;
+    a variant when its as-written sibling is unmeasured, out of memory, or without room
+    (see the module doc). A sibling that failed otherwise (compile error...) rules it out."""
+    sibling = as_written_sibling(space, key)
+    if sibling is None:
+        return True
+    result = results.get(sibling)
+    if result is None or result.status == ProfileStatus.oom:
+        return True
+    if not result.ok:
+        return False
+    need = room_needed(key, space, num_layers, num_devices, options)
+    return result.max_n_succ_stages < need
