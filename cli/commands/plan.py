@@ -56,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     field_argument(parser, "--schedule", PlanOptions, "schedule")
     field_argument(parser, "--virtual-stages", PlanOptions, "virtual_stages", type=int, metavar="V")
+    field_argument(parser, "--remat", PlanOptions, "remat")
     parser.add_argument("--server", help="run the job on a stageprof server at this URL")
     parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
     parser.add_argument(
@@ -92,6 +93,7 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         include_communication=args.communication,
         schedule=args.schedule,
         virtual_stages=args.virtual_stages,
+        remat=args.remat,
     )
     return cluster, options
 

@@ -225,6 +225,7 @@ def _stage_rows(plan: Plan) -> list[dict[str, str]]:
                 "submesh": f"{st.submesh.hosts}x{st.submesh.devices_per_host}",
                 "logical mesh": "x".join(map(str, st.config.logical_mesh)),
                 "strategy": st.config.strategy,
+                "remat": st.remat,
                 "cost ms": _ms(st.compute_cost),
                 "fwd ms": _ms(st.forward_cost),
                 "bwd ms": _ms(st.backward_cost),
@@ -241,8 +242,11 @@ def _stage_rows(plan: Plan) -> list[dict[str, str]]:
 
 
 def _text_columns(plan: Plan) -> tuple[str, ...]:
-    """The stage table's text columns; "group" when chunks share device groups."""
-    base = ("stage", "layers", "submesh", "logical mesh", "strategy")
+    """The stage table's text columns; "group" when chunks share device groups, "remat" when
+    some stage is rematerialized."""
+    base: tuple[str, ...] = ("stage", "layers", "submesh", "logical mesh", "strategy")
+    if any(st.remat != "as_written" for st in plan.stages):
+        base = (*base, "remat")
     return (*base[:1], "group", *base[1:]) if plan.virtual_stages > 1 else base
 
 
