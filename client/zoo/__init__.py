@@ -37,13 +37,21 @@ def make(name: str, **overrides: Any) -> Built:
     return model.make(model.config(overrides))
 
 
-def build(name: str, **overrides: Any) -> ModelSpec:
-    """Trace zoo model `name` with `overrides` (validated; `preset=` for published sizes)."""
+def build(
+    name: str, remat_variants: tuple[str, ...] = ("full", "dots"), **overrides: Any
+) -> ModelSpec:
+    """Trace zoo model `name` with `overrides` (validated; `preset=` for published sizes),
+    exporting the layers' `remat_variants` too (see `client.trace`)."""
     from client.tracing import trace
 
     built = make(name, **overrides)
     return trace(
-        built.loss_fn, built.params, built.batch, name=name, logical_axes=built.logical_axes
+        built.loss_fn,
+        built.params,
+        built.batch,
+        name=name,
+        logical_axes=built.logical_axes,
+        remat_variants=remat_variants,
     )
 
 
