@@ -140,9 +140,6 @@ def _summary(run: Any) -> dict[str, Any]:
 
 
 def plan_part(args: argparse.Namespace) -> dict[str, Any]:
-    from workers.cluster.ray_env import connect_ray
-
-    connect_ray(num_cpus=args.workers)
     from client import zoo
 
     widths = common.QUICK_WIDTHS if args.quick else WIDTHS
@@ -166,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     common.setup_logging(False)
+    if args.plan:
+        from workers.cluster.ray_env import connect_ray
+
+        connect_ray(num_cpus=args.workers)  # before jax is imported: Ray forks its processes
     widths = common.QUICK_WIDTHS if args.quick else WIDTHS
     figures: dict[str, Any] = {"trace": trace_part(widths, args.blocks)}
     t = figures["trace"]
