@@ -13,6 +13,7 @@ from planner.baselines import baseline_plans
 from planner.candidates import CandidateSpace
 from planner.dp import training_dp
 from planner.errors import NoFeasiblePlan
+from planner.remat import memory_misses
 from planner.search import Proposal, ScheduleSearch, search_schedule
 from planner.stability import assess, plan_cost_spread, relative_gap
 from planner.stages import planned_stage
@@ -120,7 +121,9 @@ def build_plan(
     search_seconds = time.perf_counter() - began
     feasible = [s for s in searches if s.best is not None]
     if not feasible:
-        raise NoFeasiblePlan(_why_none(searches, table, space, num_layers, num_devices))
+        why = _why_none(searches, table, space, num_layers, num_devices)
+        misses = memory_misses(table, space, num_devices, micro)
+        raise NoFeasiblePlan(f"{why}; {misses}" if misses else why)
     chosen = min(feasible, key=lambda s: (_key_time(s), names.index(s.name)))
     best = chosen.ranked[0]
     for s in searches:

@@ -15,7 +15,8 @@ it, at most one per remaining layer and device):
 from collections.abc import Mapping
 
 from planner.candidates import CandidateSpace
-from planner.table import Key
+from planner.dp import training_dp
+from planner.table import CostTable, Key
 from schemas import PlanOptions, ProfileStatus, StageProfileResult
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -72,3 +73,29 @@ def remat_worth_measuring(
         return False
     need = room_needed(key, space, num_layers, num_devices, options)
     return result.max_n_succ_stages < need
+
+
+def memory_misses(
+    table: CostTable, space: CandidateSpace, num_devices: int, num_microbatches: int
+) -> str:
+    """The fastest 1F1B plan with memory ignored, and per stage by how many bytes it misses
+    its device memory (keeping one micro-batch per stage after it, plus its own): what no
+    variant could fit. Empty when there is no such plan either."""
+    dp = training_dp(
+        table.dp_cost,
+        None,
+        [s.as_tuple() for s in space.submeshes],
+        num_devices,
+        num_microbatches,
+    )
+    if not dp.feasible:
+        return ""
+    parts = []
+    n = len(dp.stages)
+    for p, key in enumerate(dp.stages):
+        need = float(table.fixed_bytes[key] + (n - p) * table.intermediate[key])
+        miss = need - float(table.available[key])
+        remat = space.configs[key[2]][key[3]].remat
+        verdict = f"misses by {miss / 2**20:.1f} MiB" if miss > 0 else "fits"
+        parts.append(f"layers {key[0]}-{key[1]} ({remat}) {verdict}")
+    return "the fastest plan with memory ignored: " + ", ".join(parts)
