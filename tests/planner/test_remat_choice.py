@@ -14,6 +14,7 @@ from planner.remat import as_written_sibling, remat_worth_measuring
 from planner.search import proposals
 from planner.table import build_cost_table
 from schemas import PlanOptions, RematVariant
+from schemas.candidate_count import count_candidates
 from tests.planner.brute_force import all_plans
 from tests.planner.helpers import cluster, split_result
 from tests.planner.helpers import programless_chain_spec as chain_spec
@@ -201,3 +202,13 @@ def test_remat_choices_and_what_is_worth_measuring() -> None:
     gpipe = options.model_copy(update={"schedule": "gpipe"})
     assert remat_worth_measuring(key, space, {sib: result(9000 // 3)}, 3, 4, gpipe)
     assert remat_worth_measuring(sib, space, {}, 3, 4, options)
+
+
+@pytest.mark.parametrize("remat", ["auto", "as_written", "full"])
+def test_the_candidate_count_counts_the_variants(remat: str) -> None:
+    spec, clu = remat_spec(4), cluster(2, 4)
+    options = PlanOptions(num_microbatches=4, remat=remat)
+    want = len(enumerate_candidates(spec, clu, options).keys)
+    n = len(remat_choices(spec, remat))
+    got = count_candidates(4, clu, options, spec.micro_batch_size, None, n)
+    assert got.total == want == n * count_candidates(4, clu, options, spec.micro_batch_size).total
