@@ -348,7 +348,9 @@ class JobRunner:
             )
             if not self.config.reuse_stages:
                 fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
-            candidates.append(store.CandidateIn(key, fp, submesh.num_devices, config.strategy))
+            # the profile table's strategy column names the remat variant too: "data+full"
+            shown = config.strategy + ("" if config.remat == "as_written" else f"+{config.remat}")
+            candidates.append(store.CandidateIn(key, fp, submesh.num_devices, shown))
         distinct = len({c.fingerprint for c in candidates})
 
         keys_by_fp: dict[str, list[StageKey]] = {}
