@@ -2,9 +2,9 @@
 
 A candidate whose config runs its layers under a remat variant (`ShardingConfig.remat` other
 than as_written) can only help where memory binds: its as-written sibling (same layers,
-submesh and sharding) is measured first, and the variant is measured only when that sibling
-ran out of memory, or keeps too little room for the micro-batches some schedule considered
-would stash on it. The room asked per schedule, in Alpa's `max_n_succ_stages` (how many
+submesh and sharding) is measured (or pruned) first, and the variant is measured only when
+that sibling ran out of memory, or keeps too little room for the micro-batches some schedule
+considered would stash on it. The room asked per schedule, in Alpa's `max_n_succ_stages` (how many
 stages may follow before the stage's activations overflow; `q` = how many stages can follow
 it, at most one per remaining layer and device):
 - `1f1b`: `q` (it keeps `q + 1` micro-batches);
@@ -61,13 +61,17 @@ def remat_worth_measuring(
     options: PlanOptions,
 ) -> bool:
     """Whether a candidate is worth measuring as far as remat goes: every as-written one is;
-    a variant when its as-written sibling is unmeasured, out of memory, or without room
-    (see the module doc). A sibling that failed otherwise (compile error...) rules it out."""
+    a variant when its as-written sibling ran out of memory or has no room (see the module
+    doc). Call it once the as-written stages are settled: a sibling without a result was
+    pruned (it cannot be in a better plan, and the variant, recomputing, takes no less), and
+    one that failed otherwise (compile error...) rules the variant out too."""
     sibling = as_written_sibling(space, key)
     if sibling is None:
         return True
     result = results.get(sibling)
-    if result is None or result.status == ProfileStatus.oom:
+    if result is None:  # pruned: it cannot be in a better plan, and the variant is slower
+        return False
+    if result.status == ProfileStatus.oom:
         return True
     if not result.ok:
         return False

@@ -13,7 +13,7 @@ from planner.plan import config_ranks
 from planner.remat import as_written_sibling, remat_worth_measuring
 from planner.search import proposals
 from planner.table import build_cost_table
-from schemas import PlanOptions, RematVariant
+from schemas import PlanOptions, ProfileStatus, RematVariant
 from schemas.candidate_count import count_candidates
 from tests.planner.brute_force import all_plans
 from tests.planner.helpers import cluster, split_result
@@ -194,7 +194,9 @@ def test_remat_choices_and_what_is_worth_measuring() -> None:
         )
 
     n = 3  # stages that could follow layer 0 on a one-device submesh: min(2 layers, 3 devices)
-    assert remat_worth_measuring(key, space, {}, 3, 4, options)
+    assert not remat_worth_measuring(key, space, {}, 3, 4, options)  # sibling pruned
+    oom = result(100).model_copy(update={"status": ProfileStatus.oom})
+    assert remat_worth_measuring(key, space, {sib: oom}, 3, 4, options)
     room = {sib: result(100)}  # max_n_succ_stages = 89
     assert not remat_worth_measuring(key, space, room, 3, 4, options)
     cramped = {sib: result(9000 // (n - 1))}  # max_n_succ_stages = 1 < 2
