@@ -69,3 +69,18 @@ def test_openapi_lists_the_formats(api: httpx.Client) -> None:
     schema = fmt["schema"]
     enums = [s.get("enum") for s in schema.get("anyOf", [schema]) if s.get("enum")]
     assert enums and sorted(enums[0]) == sorted(EXPORT_FORMATS)
+
+
+def test_job_page_offers_the_downloads(api: httpx.Client, db: sessionmaker[Session]) -> None:
+    plan = gpt_plan(16, 1, 4, schedule="1f1b", target="maxtext")
+    job_id = _job_with(db, plan)
+    page = api.get(f"/jobs/{job_id}").text
+    for fmt in ("json", "alpa", "jaxpp", "maxtext"):
+        link = f"/v1/jobs/{job_id}/plan?format={fmt}"
+        assert link in page
+        assert api.get(link).status_code == 200
+    assert "MaxText&#39;s best:" in page or "MaxText's best:" in page
+    other = _job_with(db, gpt_plan(6, 1, 4, schedule="1f1b"))
+    page = api.get(f"/jobs/{other}").text
+    assert f"/v1/jobs/{other}/plan?format=maxtext" not in page
+    assert "stageprof plan --for maxtext" in page
