@@ -49,3 +49,21 @@ def test_jaxpp_snippet_printed() -> None:
     assert text.count("pipeline_enter_stage(x)") == len(plan.stages)
     assert trainer_json(plan)["jaxpp"]["stage_marks"][-1]["after_layer"] == "head"
     assert _printed(gpt_plan(6, 1, 4, schedule="1f1b")) == ""
+
+
+def test_gate_shows_and_reports_the_target(capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from cli.gate.command import _print_checks, _print_json
+    from cli.gate.reports import GateResult
+    from cli.gate.verdict import Verdict
+
+    plan = gpt_plan(16, 1, 4, target="maxtext")
+    result = GateResult(verdict=Verdict(checks=()), today=plan)
+    _print_json(result)
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plan.maxtext is not None
+    assert line["maxtext"]["settings"] == plan.maxtext.settings
+    out = io.StringIO()
+    _print_checks(Console(file=out, width=200), result)
+    assert "num_pipeline_repeats=" in out.getvalue()
