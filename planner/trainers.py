@@ -50,6 +50,8 @@ def maxtext_parallelism(
     hosts, per_host = cluster.num_hosts, cluster.devices_per_host
     dp, tp = config.logical_mesh
     h, d = submesh.as_tuple()
+    if (h == 1 and per_host % d) or (h > 1 and (d != per_host or hosts % h)):
+        return f"the {h}x{d} submesh does not tile the {hosts}x{per_host} devices as MaxText's mesh"
     if h == 1:
         ici_pipe, dcn_pipe, dcn_dp, ici_dp = per_host // d, hosts, 1, dp
     else:

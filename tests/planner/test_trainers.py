@@ -117,6 +117,12 @@ def test_parallelism_over_hosts_needs_a_splittable_data_axis() -> None:
         sub, ShardingConfig(logical_mesh=(1, 8), strategy="megatron"), cluster(4, 4)
     )
     assert isinstance(bad, str) and "does not split over 2 hosts" in bad
+    odd = maxtext_parallelism(
+        SubmeshShape(hosts=2, devices_per_host=2),
+        ShardingConfig(logical_mesh=(4, 1), strategy="data"),
+        cluster(2, 4),
+    )
+    assert isinstance(odd, str) and "does not tile" in odd
 
 
 def test_maxtext_export_of_an_unrestricted_plan_is_refused() -> None:
@@ -164,3 +170,21 @@ def test_jaxpp_marks_follow_the_stage_boundaries(schedule: str, cls: str) -> Non
         assert [m["device_group"] for m in out["stage_marks"]] == [
             s.device_group for s in plan.stages
         ]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "hosts", "per_host", "micro"),
+    [(4, 1, 2, 4), (6, 2, 2, 4), (7, 1, 8, 8), (8, 2, 2, 6), (9, 4, 2, 4), (8, 1, 8, 4)],
+)
+def test_every_maxtext_answer_is_valid_or_says_why(
+    blocks: int, hosts: int, per_host: int, micro: int
+) -> None:
+    plan = gpt_plan(blocks, hosts, per_host, micro=micro, target="maxtext")
+    mt = plan.maxtext
+    assert mt is not None
+    if mt.feasible:
+        check_maxtext_constraints(mt.settings, hosts, per_host)
+        assert mt.settings["num_pipeline_microbatches"] == micro
+        assert mt.settings["pipeline_parallel_layers"] == blocks
+    else:
+        assert mt.reason and not mt.settings
