@@ -176,7 +176,10 @@ def maxtext_search(
                     }
                     best = _Candidate(total, sched.iteration_time_s, keys, r, settings)
             if not keys_ok:
-                tried.append(f"{stages} stages on {config.label()}: uniform chunks not measured")
+                tried.append(
+                    f"{stages} stages on {config.label()}: "
+                    "uniform chunks not measured (pruned) or failed"
+                )
     if best is None:
         why = "; ".join(tried) or "no submesh splits the devices into 2 or more stages"
         reason = f"no uniform plan of the {blocks} blocks ({why})"

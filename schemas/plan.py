@@ -112,7 +112,8 @@ class PlanOptions(Frozen):
     target: TrainerName | None = Field(
         None,
         description="The trainer the plan is for: 'maxtext' adds the best plan MaxText can "
-        "run (uniform stages of the repeated blocks); 'jaxpp' marks the plan for JaxPP.",
+        "run (uniform stages of the repeated blocks; it turns pruning off unless set); "
+        "'jaxpp' marks the plan for JaxPP.",
     )
     prune: bool = Field(
         True,
@@ -140,6 +141,15 @@ class PlanOptions(Frozen):
         if self.submesh_space == "manual" and not self.manual_submeshes:
             raise ValueError("manual_submeshes is required when submesh_space is 'manual'")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _maxtext_measures_all(cls, data: Any) -> Any:
+        """A MaxText plan needs the uniform stages, which pruning (judged against the
+        unrestricted plan) may skip: `target: maxtext` turns pruning off unless set."""
+        if isinstance(data, dict) and data.get("target") == "maxtext" and "prune" not in data:
+            return {**data, "prune": False}
+        return data
 
     @property
     def measures_split_backward(self) -> bool:

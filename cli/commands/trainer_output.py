@@ -33,7 +33,7 @@ def print_trainer(console: Console, plan: Plan) -> None:
     if plan.target == "jaxpp":
         out = jaxpp_export(plan)
         console.print("[bold]JaxPP[/]: paste next to your model", highlight=False)
-        console.print(out["snippet"], highlight=False, markup=False, end="")
+        console.print(out["snippet"], highlight=False, markup=False, end="", soft_wrap=True)
         if "note" in out:
             console.print(f"[yellow]note:[/] {out['note']}", highlight=False)
         return
@@ -44,7 +44,7 @@ def print_trainer(console: Console, plan: Plan) -> None:
         console.print(f"[bold]MaxText[/]: [red]{maxtext_gap(mt)}[/]", highlight=False)
         return
     console.print("[bold]MaxText[/] settings (YAML):", highlight=False)
-    console.print(maxtext_yaml(mt), highlight=False, markup=False, end="")
+    console.print(maxtext_yaml(mt), highlight=False, markup=False, end="", soft_wrap=True)
     console.print("as overrides:", highlight=False)
-    console.print(maxtext_export(plan)["overrides"], highlight=False, markup=False)
-    console.print(maxtext_gap(mt), highlight=False, markup=False)
+    console.print(maxtext_export(plan)["overrides"], highlight=False, markup=False, soft_wrap=True)
+    console.print(maxtext_gap(mt), highlight=False, markup=False, soft_wrap=True)

@@ -188,3 +188,11 @@ def test_every_maxtext_answer_is_valid_or_says_why(
         assert mt.settings["pipeline_parallel_layers"] == blocks
     else:
         assert mt.reason and not mt.settings
+
+
+def test_maxtext_target_measures_every_candidate() -> None:
+    from schemas import PlanOptions
+
+    assert PlanOptions(target="maxtext").prune is False
+    assert PlanOptions(target="maxtext", prune=True).prune is True
+    assert PlanOptions().prune is True and PlanOptions(target="jaxpp").prune is True
