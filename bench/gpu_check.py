@@ -369,7 +369,7 @@ def run_check(cfg: dict[str, int], small: bool) -> dict[str, Any]:
         device_memory_bytes=int(memory),
     )
     timing = SMALL_TIMING if small else TIMING
-    options = PlanOptions(**timing, prune=False, candidate_timeout_s=3600)
+    options = PlanOptions(**timing, schedule="1f1b", prune=False, candidate_timeout_s=3600)
     sizes = {
         "num_layers": cfg["layers"],
         "hidden_size": cfg["hidden"],

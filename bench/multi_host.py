@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     widths = common.QUICK_WIDTHS if args.quick else common.GPT_WIDTHS
     spec = zoo.build("gpt", num_layers=args.layers, **widths)
     options = PlanOptions(
+        schedule="1f1b",  # as the runs recorded in RESULTS.md
         num_microbatches=4,
         repeats=2 if args.quick else args.repeats,
         warmup=1,

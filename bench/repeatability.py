@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = zoo.build("gpt", num_layers=layers, **common.QUICK_WIDTHS)
     cluster = ClusterSpec(num_hosts=1, devices_per_host=8)
     options = PlanOptions(
+        schedule="1f1b",  # the stage numbers' repeatability: no split backward
         num_microbatches=4,
         submesh_space="manual",
         manual_submeshes=SUBMESHES,

@@ -390,7 +390,12 @@ def measure_variant(
     blocks = spec.layers[1:-1]
     remat_in_layers = all("checkpoint" in layer.jaxpr or "remat" in layer.jaxpr for layer in blocks)
     options = PlanOptions(
-        repeats=repeats, max_repeats=repeats, warmup=warmup, prune=False, candidate_timeout_s=3600
+        repeats=repeats,
+        max_repeats=repeats,
+        warmup=warmup,
+        prune=False,
+        candidate_timeout_s=3600,
+        schedule="1f1b",  # forward + backward, as jax.vjp: no split backward
     )
     ours_again = OursModules(spec, options)
     direct = VJPProgram(loss, params, batch)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 # Each module defines `register(subparsers)`; it sets `func(args) -> int` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "cli.commands.db",
+    "cli.commands.export",
     "cli.gate.command",
     "cli.commands.plan",
     "cli.commands.profile",

@@ -3,6 +3,7 @@
 import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 from jax.extend import core
@@ -100,3 +101,14 @@ def inline_scoped_calls(
         for outer, inner_out in zip(eqn.outvars, body_out, strict=True):
             subst[outer] = sub(local, inner_out)
     return out, [sub(subst, v) for v in outvars]
+
+
+def live_eqns(eqns: Sequence[Any], outvars: Sequence[Any]) -> list[Any]:
+    """`eqns` without those whose results never reach `outvars` (and have no effects)."""
+    needed = {v for v in outvars if isinstance(v, core.Var)}
+    kept = []
+    for eqn in reversed(eqns):
+        if eqn.effects or any(v in needed for v in eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, core.Var))
+    return kept[::-1]

@@ -21,6 +21,8 @@ from typing import Any
 import jax
 from jax.extend import core
 
+from client.layers import live_eqns
+
 _CALLS = ("jit", "pjit", "closed_call", "core_call")
 _REMAT = ("remat2", "checkpoint")
 _CUSTOM = ("custom_vjp_call", "custom_vjp_call_jaxpr", "custom_jvp_call")
@@ -88,7 +90,7 @@ def unstack_scans(eqns: Sequence[Any], outvars: Sequence[Any], params: dict[Any,
     state = _Unroller(params, outvars)
     state.run(list(eqns), None)
     out = [state.sub(v) for v in outvars]
-    eqns = _live(state.out, out)
+    eqns = live_eqns(state.out, out)
     used = {v for e in eqns for v in e.invars if isinstance(v, core.Var)} | set(out)
     for s in state.slices:
         if s.stacked in used:
@@ -401,17 +403,6 @@ def _scans_params(jaxpr: Any, mask: Sequence[bool]) -> bool:
         elif any(ins) and _scans_params(_body(eqn), ins):
             return True
     return False
-
-
-def _live(eqns: Sequence[Any], outvars: Sequence[Any]) -> list[Any]:
-    """`eqns` without those whose results never reach `outvars` (and have no effects)."""
-    needed = {v for v in outvars if isinstance(v, core.Var)}
-    kept = []
-    for eqn in reversed(eqns):
-        if eqn.effects or any(v in needed for v in eqn.outvars):
-            kept.append(eqn)
-            needed.update(v for v in eqn.invars if isinstance(v, core.Var))
-    return kept[::-1]
 
 
 def _later_uses(eqns: Sequence[Any]) -> set[Any]:

@@ -21,7 +21,7 @@ from client.export import (
 from client.fingerprint import export_key
 from client.flax_scopes import module_scopes
 from client.flops import eqn_flops
-from client.layers import clean_name, inline_scoped_calls
+from client.layers import clean_name, inline_scoped_calls, live_eqns
 from client.scan import Unstacked, unstack_scans
 from client.scopes import choose_level, inside_scopes, level_segments, scope_paths
 from programs import layer_fingerprint
@@ -66,17 +66,6 @@ class _Var:
     index: int = 0  # param index, const index, or producing segment
     sub: int = 0  # a stacked parameter's slice: which one
     uses: set[int] = field(default_factory=set)  # segments that read it
-
-
-def _dce(eqns: list[Any], outvars: list[Any]) -> list[Any]:
-    """Drop equations whose results never reach the outputs (and have no effects)."""
-    needed = {v for v in outvars if isinstance(v, core.Var)}
-    kept = []
-    for eqn in reversed(eqns):
-        if eqn.effects or any(v in needed for v in eqn.outvars):
-            kept.append(eqn)
-            needed.update(v for v in eqn.invars if isinstance(v, core.Var))
-    return kept[::-1]
 
 
 def _spec(v: Any, name: str) -> VarSpec:
@@ -153,7 +142,7 @@ def trace(
     param_vars = jaxpr.invars[: len(param_names)]
     unstacked = unstack_scans(all_eqns, outvars, dict(zip(param_vars, param_names, strict=True)))
     (loss_var,) = unstacked.outvars
-    eqns = _dce(unstacked.eqns, [loss_var])
+    eqns = live_eqns(unstacked.eqns, [loss_var])
     if not isinstance(loss_var, core.Var) or not any(loss_var in e.outvars for e in eqns):
         raise ValueError("the loss must be computed from params and batch, not a constant")
 

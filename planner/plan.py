@@ -18,6 +18,7 @@ from planner.search import Proposal, ScheduleSearch, search_schedule
 from planner.stability import assess, plan_cost_spread, relative_gap
 from planner.stages import planned_stage
 from planner.table import CostTable, Key, build_cost_table
+from planner.trainers import maxtext_search
 from schemas import (
     ClusterSpec,
     ManualStageOption,
@@ -144,6 +145,9 @@ def build_plan(
         )
     noise = max(spread, runner_up.cost_spread) if runner_up else spread
     other_time = runner_up.predicted_iteration_time_s if runner_up else None
+    maxtext = None
+    if options.target == "maxtext":
+        maxtext = maxtext_search(spec, cluster, space, table, micro, stages, best.time, chosen.name)
     return Plan(
         stages=stages,
         num_microbatches=micro,
@@ -166,6 +170,8 @@ def build_plan(
         virtual_stages=best.virtual_stages,
         peak_memory=int(max(best.memory)),
         schedules=[_option(spec, space, table, s, s is chosen) for s in searches],
+        target=options.target,
+        maxtext=maxtext,
     )
 
 

@@ -23,6 +23,7 @@ OptimizerName = Literal["sgd", "adam"]
 ScheduleName = Literal["1f1b", "gpipe", "interleaved", "zb-h1"]
 # The schedules a plan request may ask for: one of them, or "auto" (the best in simulated time).
 ScheduleChoice = Literal["auto", "1f1b", "gpipe", "interleaved", "zb-h1"]
+TrainerName = Literal["maxtext", "jaxpp"]
 ZERO_BUBBLE_SCHEDULES: frozenset[str] = frozenset({"zb-h1"})
 MAX_VIRTUAL_STAGES = 16
 MAX_MICROBATCHES = 4096
@@ -113,6 +114,12 @@ class PlanOptions(Frozen):
         description="Model chunks per device group for the interleaved schedule (v); "
         "default: chosen by the planner.",
     )
+    target: TrainerName | None = Field(
+        None,
+        description="The trainer the plan is for: 'maxtext' adds the best plan MaxText can "
+        "run (uniform stages of the repeated blocks; it turns pruning off unless set); "
+        "'jaxpp' marks the plan for JaxPP.",
+    )
     prune: bool = Field(
         True,
         description="Skip candidates that cannot be in a plan better than one already "
@@ -139,6 +146,15 @@ class PlanOptions(Frozen):
         if self.submesh_space == "manual" and not self.manual_submeshes:
             raise ValueError("manual_submeshes is required when submesh_space is 'manual'")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _maxtext_measures_all(cls, data: Any) -> Any:
+        """A MaxText plan needs the uniform stages, which pruning (judged against the
+        unrestricted plan) may skip: `target: maxtext` turns pruning off unless set."""
+        if isinstance(data, dict) and data.get("target") == "maxtext" and "prune" not in data:
+            return {**data, "prune": False}
+        return data
 
     @property
     def measures_split_backward(self) -> bool:
@@ -341,6 +357,36 @@ class RunnerUpPlan(Frozen):
     stages: list[PlannedStage] = Field(min_length=1)
 
 
+class MaxTextPlan(Frozen):
+    """The best plan MaxText can run: uniform stages of the repeated blocks, GPipe or
+    circular; the layers before and after the blocks on all devices, outside the pipeline."""
+
+    feasible: bool
+    reason: str | None = Field(None, description="Why no MaxText plan exists, when none does.")
+    settings: dict[str, int] = Field(default_factory=dict, description="MaxText keys -> values.")
+    schedule: Literal["gpipe", "circular"] | None = None
+    blocks: tuple[int, int] | None = Field(
+        None, description="First and last pipelined layer (the repeated blocks)."
+    )
+    outside_layers: list[str] = Field(
+        default_factory=list, description="Layers run on all devices outside the pipeline."
+    )
+    chunks: list[tuple[int, int]] = Field(
+        default_factory=list, description="Each pipeline chunk's first and last layer."
+    )
+    submesh: SubmeshShape | None = None
+    config: ShardingConfig | None = None
+    predicted_iteration_time_s: float | None = Field(None, ge=0)
+    pipeline_time_s: float | None = Field(None, ge=0, description="The pipelined blocks.")
+    outside_time_s: float | None = Field(
+        None, ge=0, description="The outside layers, data parallel on all devices."
+    )
+    unrestricted_time_s: float | None = Field(None, ge=0, description="The best plan's time.")
+    not_expressible: list[str] = Field(
+        default_factory=list, description="What the unrestricted plan does that MaxText cannot."
+    )
+
+
 class Plan(Frozen):
     """A pipeline plan: stages covering every layer, using every device."""
 
@@ -395,6 +441,12 @@ class Plan(Frozen):
         default_factory=list,
         description="Each schedule searched, its best plan's simulated numbers or why it "
         "has none (one entry unless the request asked for auto).",
+    )
+    target: TrainerName | None = Field(
+        None, description="The trainer the plan was made for (None: stageprof's own)."
+    )
+    maxtext: MaxTextPlan | None = Field(
+        None, description="The best MaxText plan (target 'maxtext' only)."
     )
 
     @property

@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     field_argument(parser, "--schedule", PlanOptions, "schedule")
     field_argument(parser, "--virtual-stages", PlanOptions, "virtual_stages", type=int, metavar="V")
     field_argument(parser, "--remat", PlanOptions, "remat")
+    field_argument(
+        parser, "--for", PlanOptions, "target", dest="target", choices=["maxtext", "jaxpp"]
+    )
     parser.add_argument("--server", help="run the job on a stageprof server at this URL")
     parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
     parser.add_argument(
@@ -94,6 +97,7 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         schedule=args.schedule,
         virtual_stages=args.virtual_stages,
         remat=args.remat,
+        target=args.target,
     )
     return cluster, options
 
@@ -149,6 +153,7 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         progress_bar,
         write_report,
     )
+    from cli.commands.trainer_output import trainer_json
     from store import get_job, session_scope
     from workers.cluster.ray_env import connect_ray
     from workers.jobs.runner import JobRunner
@@ -190,7 +195,9 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         write_report(args.report, sessions, job_id)
         console.print(f"report written to [bold]{args.report}[/]")
     if args.json:
+        plan = outcome.plan
         print_json_line(
-            {"job_id": job_id, "plan": outcome.plan.model_dump(mode="json"), "stats": stats}
+            {"job_id": job_id, "plan": plan.model_dump(mode="json"), "stats": stats}
+            | trainer_json(plan)
         )
     return 0

@@ -23,6 +23,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from cli.commands.trainer_output import print_trainer
 from schemas import Job, JobStatus, ModelSpec, Plan
 from schemas import Progress as JobProgress
 from schemas.plan import percent, stage_layout
@@ -336,6 +337,7 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     print_stability(console, plan)
     for line in summary_lines(plan, stats):
         console.print(line, highlight=False)
+    print_trainer(console, plan)
 
 
 def summary_lines(plan: Plan, stats: dict[str, Any]) -> tuple[str, str]:

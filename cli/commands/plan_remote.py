@@ -14,6 +14,7 @@ from cli.commands.plan_output import (
     progress_bar,
     stats_of,
 )
+from cli.commands.trainer_output import print_trainer, trainer_json
 from cli.commands.zoo_args import parse_overrides
 from client.sdk import ApiError, StageprofClient
 from schemas import ClusterSpec, ModelSpec, PlanOptions, PlanRequest, ZooRef
@@ -66,6 +67,10 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         print_plan(console, spec, plan, stats)
     else:
         print_stability(console, plan)
+        print_trainer(console, plan)
     if args.json:
-        print_json_line({"job_id": job_id, "plan": plan.model_dump(mode="json"), "stats": stats})
+        print_json_line(
+            {"job_id": job_id, "plan": plan.model_dump(mode="json"), "stats": stats}
+            | trainer_json(plan)
+        )
     return 0

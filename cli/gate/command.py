@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.commands.trainer_output import print_trainer, trainer_json
 from cli.commands.zoo_args import load_model, one_line, parse_overrides
 from cli.gate.baseline import BaselineError, read_baseline, write_baseline
 from cli.gate.reports import GateResult, junit_xml, markdown
@@ -296,6 +297,8 @@ def _print_checks(console: "Console", result: GateResult) -> None:
         console.print(line, soft_wrap=True)
     v = result.verdict
     console.print(Text(f"stageprof gate: {v.label} (exit {v.exit_code})", style=STYLES[v.label]))
+    if result.today is not None:
+        print_trainer(console, result.today)  # the --for target's settings, if any
 
 
 def _print_json(result: GateResult) -> None:
@@ -307,6 +310,6 @@ def _print_json(result: GateResult) -> None:
         "checks": [c.as_dict() for c in result.verdict.checks],
         "plan": result.today.model_dump(mode="json") if result.today is not None else None,
         "stats": result.stats,
-    }
+    } | (trainer_json(result.today) if result.today is not None else {})
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()

@@ -2,10 +2,11 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from schemas import TEXT_PATTERN, Job, JobStatus, Plan
+from schemas.trainer_export import ExportFormat, ExportUnavailable, export_plan
 from server.api_models import CostMatricesOut, CostMatrixOut, JobList, error_responses
 from server.deps import SessionDep
 from server.errors import Conflict, NotFound
@@ -123,14 +124,31 @@ def _cancel(session: Session, job_id: str) -> Job:
     responses=error_responses(404, 409),
     summary="The job's plan",
 )
-def read_plan(job_id: JobId, session: SessionDep) -> Plan:
+def read_plan(
+    job_id: JobId,
+    session: SessionDep,
+    format: Annotated[
+        ExportFormat | None,
+        Query(
+            description="The plan in a trainer's form (the same text as `stageprof export`): "
+            "json (the plan), alpa (ManualStageOption), maxtext (settings; only for a plan "
+            "made for MaxText, else 409), jaxpp (stage marks and schedule). Omitted: the plan."
+        ),
+    ] = None,
+) -> Plan | Response:
     """409 until the job is done (and for a failed or cancelled job, with its error)."""
     row = _job_row(session, job_id)
     plan = job_plan(row)
     if plan is None:
         why = f": {row.error}" if row.error else ""
         raise Conflict(f"job {job_id} has no plan (status {row.status}){why}")
-    return plan
+    if format is None:
+        return plan
+    try:
+        text = export_plan(plan, format)
+    except ExportUnavailable as err:
+        raise Conflict(f"job {job_id}: {err}") from err
+    return Response(content=text, media_type="application/json")
 
 
 def _label(m: CostMatrix) -> str:

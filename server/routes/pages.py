@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from schemas import JobStatus
 from schemas.plan import STABILITY_LABELS, percent
+from schemas.trainer_export import maxtext_gap
 from server.deps import SessionDep
 from server.routes.models import layer_infos
 from store import (
@@ -101,7 +102,14 @@ def job_page_context(session: Session, row: JobRow) -> dict[str, Any]:
         ],
         "strategies": sorted(job.options.strategies),
     }
-    return {"job": job, "plan": plan, "layer_names": layer_names, "page_data": page_data}
+    summary = maxtext_gap(plan.maxtext) if plan is not None and plan.maxtext else None
+    return {
+        "job": job,
+        "plan": plan,
+        "layer_names": layer_names,
+        "page_data": page_data,
+        "maxtext_summary": summary,
+    }
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)

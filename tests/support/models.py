@@ -14,8 +14,10 @@ TINY_GPT: dict[str, Any] = {
     "vocab_size": 128,
     "batch_size": 4,
 }
-# Data parallel only, two timed runs after one warm-up.
+# Data parallel only, two timed runs after one warm-up; 1F1B alone, so no stage is also
+# measured with its backward split (the CLI tests and tests/workers cover `auto`).
 FAST_OPTIONS = PlanOptions(
+    schedule="1f1b",
     num_microbatches=4,
     config_space="data_parallel_only",
     strategies=["data"],

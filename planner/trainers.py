@@ -1,0 +1,223 @@
+"""The best plan MaxText can run, searched on the measured table.
+
+MaxText pipelines only its repeated decoder blocks, in uniform stages of one submesh shape
+and one sharding config, under GPipe (`num_pipeline_repeats=1`) or its circular schedule
+(repeats `r > 1`, simulated as interleaved 1F1B with `v = r`); stages × repeats × layers
+per stage = the pipelined layers and the micro-batches a multiple of the stages. The layers
+before and after the blocks (embedding, head) run on all devices outside the pipeline: each
+is costed from its fastest one-layer stage on the largest submesh that measured it, scaled
+to data parallelism over all devices (`time × submesh devices / all devices`, per
+micro-batch): an ideal-scaling estimate, since Alpa's candidate space measures only the whole
+model on the whole cluster.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.candidates import CandidateSpace
+from planner.search import schedule_memory, simulate_keys
+from planner.table import CostTable, Key
+from schemas import ClusterSpec, ModelSpec, PlannedStage, ShardingConfig, SubmeshShape
+from schemas.plan import MaxTextPlan
+
+
+def block_run(spec: ModelSpec) -> tuple[int, int] | None:
+    """First and last layer of the longest run of consecutive layers with equal (non-empty)
+    fingerprints, at least two long (the first such run on ties); None when there is none."""
+    best: tuple[int, int] | None = None
+    start = 0
+    layers = spec.layers
+    for i in range(1, len(layers) + 1):
+        if (
+            i < len(layers)
+            and layers[i].fingerprint
+            and layers[i].fingerprint == layers[start].fingerprint
+        ):
+            continue
+        if i - start >= 2 and layers[start].fingerprint:
+            if best is None or i - start > best[1] - best[0] + 1:
+                best = (start, i - 1)
+        start = i
+    return best
+
+
+def maxtext_parallelism(
+    submesh: SubmeshShape, config: ShardingConfig, cluster: ClusterSpec
+) -> dict[str, int] | str:
+    """The `ici_*` / `dcn_*` MaxText keys of uniform stages on `submesh` with `config`
+    (hosts as DCN slices, devices per host as ICI); a string saying why when not expressible."""
+    hosts, per_host = cluster.num_hosts, cluster.devices_per_host
+    dp, tp = config.logical_mesh
+    h, d = submesh.as_tuple()
+    if (h == 1 and per_host % d) or (h > 1 and (d != per_host or hosts % h)):
+        return f"the {h}x{d} submesh does not tile the {hosts}x{per_host} devices as MaxText's mesh"
+    if h == 1:
+        ici_pipe, dcn_pipe, dcn_dp, ici_dp = per_host // d, hosts, 1, dp
+    else:
+        if dp % h:
+            return f"its {dp}-way data axis does not split over {h} hosts"
+        ici_pipe, dcn_pipe, dcn_dp, ici_dp = 1, hosts // h, h, dp // h
+    fsdp = config.strategy == "fsdp"
+    return {
+        "ici_pipeline_parallelism": ici_pipe,
+        "dcn_pipeline_parallelism": dcn_pipe,
+        "ici_data_parallelism": 1 if fsdp else ici_dp,
+        "ici_fsdp_parallelism": ici_dp if fsdp else 1,
+        "ici_tensor_parallelism": tp,
+        "dcn_data_parallelism": 1 if fsdp else dcn_dp,
+        "dcn_fsdp_parallelism": dcn_dp if fsdp else 1,
+    }
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    time: float
+    pipeline: float
+    keys: list[Key]
+    repeats: int
+    settings: dict[str, int]
+
+
+def _outside_time(
+    table: CostTable, space: CandidateSpace, layers: Sequence[int], devices: int, micro: int
+) -> tuple[float, str | None]:
+    total = 0.0
+    by_size = sorted(range(len(space.submeshes)), key=lambda m: -space.submeshes[m].num_devices)
+    for i in layers:
+        cost = table.forward[i, i] + table.backward[i, i]  # [S, C]
+        best = math.inf
+        for m in by_size:
+            if cost[m].size and math.isfinite(float(cost[m].min())):
+                best = float(cost[m].min()) * space.submeshes[m].num_devices / devices
+                break
+        if not math.isfinite(best):
+            return math.inf, f"layer {i} has no measured one-layer stage to cost it outside"
+        total += best * micro
+    return total, None
+
+
+def _chunk_keys(first: int, blocks: int, chunks: int, m: int, c: int) -> list[Key]:
+    k = blocks // chunks
+    return [(first + j * k, first + (j + 1) * k - 1, m, c) for j in range(chunks)]
+
+
+def maxtext_search(
+    spec: ModelSpec,
+    cluster: ClusterSpec,
+    space: CandidateSpace,
+    table: CostTable,
+    micro: int,
+    unrestricted: Sequence[PlannedStage],
+    unrestricted_time: float,
+    unrestricted_schedule: str,
+) -> MaxTextPlan:
+    """The fastest MaxText-expressible plan (simulated), or why there is none."""
+    devices = cluster.num_devices
+    run = block_run(spec)
+    if run is None:
+        return MaxTextPlan(
+            feasible=False,
+            reason="no repeated blocks: no two consecutive layers share a fingerprint",
+            unrestricted_time_s=unrestricted_time,
+        )
+    first, last = run
+    blocks = last - first + 1
+    outside = [i for i in range(spec.num_layers) if not first <= i <= last]
+    outside_time, why = _outside_time(table, space, outside, devices, micro)
+    base = {
+        "blocks": run,
+        "outside_layers": [spec.layers[i].name for i in outside],
+        "unrestricted_time_s": unrestricted_time,
+    }
+    if why:
+        return MaxTextPlan(feasible=False, reason=why, **base)  # type: ignore[arg-type]
+    best: _Candidate | None = None
+    tried: list[str] = []
+    for m, sub in enumerate(space.submeshes):
+        n = sub.num_devices
+        stages = devices // n
+        if devices % n or stages < 2:
+            continue
+        if micro % stages:
+            tried.append(f"{stages} stages: {micro} micro-batches are not a multiple")
+            continue
+        repeats = [r for r in range(1, blocks // stages + 1) if blocks % (stages * r) == 0]
+        if not repeats:
+            tried.append(f"{stages} stages do not divide the {blocks} blocks")
+            continue
+        for c, config in enumerate(space.configs[m]):
+            keys_ok = False
+            par = maxtext_parallelism(sub, config, cluster)
+            if isinstance(par, str):
+                tried.append(f"{config.label()} on {stages} stages: {par}")
+                continue
+            for r in repeats:
+                keys = _chunk_keys(first, blocks, stages * r, m, c)
+                if not all(math.isfinite(float(table.dp_cost[k])) for k in keys):
+                    continue
+                keys_ok = True
+                name = "gpipe" if r == 1 else "interleaved"
+                sched = simulate_keys(table, name, keys, micro, stages)
+                _, fits = schedule_memory(table, name, keys, sched, stages)
+                if not fits:
+                    tried.append(
+                        f"{stages} stages × {r} repeats on {config.label()}: out of memory"
+                    )
+                    continue
+                total = sched.iteration_time_s + outside_time
+                if best is None or total < best.time - 1e-15:
+                    settings = {
+                        **par,
+                        "num_layers_per_pipeline_stage": blocks // (stages * r),
+                        "num_pipeline_repeats": r,
+                        "num_pipeline_microbatches": micro,
+                        "pipeline_parallel_layers": blocks,
+                    }
+                    best = _Candidate(total, sched.iteration_time_s, keys, r, settings)
+            if not keys_ok:
+                tried.append(
+                    f"{stages} stages on {config.label()}: "
+                    "uniform chunks not measured (pruned) or failed"
+                )
+    if best is None:
+        why = "; ".join(tried) or "no submesh splits the devices into 2 or more stages"
+        reason = f"no uniform plan of the {blocks} blocks ({why})"
+        return MaxTextPlan(feasible=False, reason=reason, **base)  # type: ignore[arg-type]
+    m, c = best.keys[0][2], best.keys[0][3]
+    return MaxTextPlan(
+        feasible=True,
+        settings=best.settings,
+        schedule="gpipe" if best.repeats == 1 else "circular",
+        chunks=[(k[0], k[1]) for k in best.keys],
+        submesh=space.submeshes[m],
+        config=space.configs[m][c],
+        predicted_iteration_time_s=best.time,
+        pipeline_time_s=best.pipeline,
+        outside_time_s=outside_time,
+        not_expressible=not_expressible(unrestricted, unrestricted_schedule, run),
+        **base,  # type: ignore[arg-type]
+    )
+
+
+def not_expressible(
+    stages: Sequence[PlannedStage], schedule: str, run: tuple[int, int]
+) -> list[str]:
+    """What the unrestricted plan does that MaxText cannot express."""
+    out = []
+    counts = {s.end - s.start + 1 for s in stages}
+    if len(counts) > 1:
+        out.append(
+            "its stages hold uneven layer counts ("
+            + ", ".join(str(s.end - s.start + 1) for s in stages)
+            + ")"
+        )
+    if len({s.submesh.as_tuple() for s in stages}) > 1:
+        out.append("its stages use submeshes of different shapes")
+    if len({s.config.label() for s in stages}) > 1:
+        out.append("its stages use different sharding configs")
+    if any(s.start < run[0] <= s.end or s.start <= run[1] < s.end for s in stages):
+        out.append("it pipelines the embedding or head together with blocks")
+    if schedule in ("1f1b", "zb-h1"):
+        out.append(f"it uses the {schedule} schedule (MaxText runs GPipe or circular)")
+    return out
