@@ -1,6 +1,6 @@
 """bench/trainer_plans.py at a tiny size: MaxText's plan beside the unrestricted one."""
 
-from tests.bench.conftest import run_script
+from tests.support.scripts import run_script
 
 
 def test_trainer_plans_smoke() -> None:

@@ -2,7 +2,8 @@
 
 from planner import build_plan, enumerate_candidates
 from schemas import ModelSpec, Plan, PlanOptions
-from tests.planner.helpers import chain_spec, cluster, split_result
+from tests.planner.helpers import cluster, split_result
+from tests.planner.helpers import programless_chain_spec as chain_spec
 
 LAYER_COST = {"embed": 0.4, "block": 1.0, "head": 1.6}
 
