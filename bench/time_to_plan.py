@@ -65,7 +65,7 @@ def breakdown(run: common.JobRun, workers: int) -> dict[str, float]:
     runs_s = 0.0
     for result in measured.values():
         for m in result.module_profile_results:
-            compile_s[m.module.value] += m.compile_seconds
+            compile_s[m.module.value] = compile_s.get(m.module.value, 0.0) + m.compile_seconds
             runs_s += sum(m.compute_cost_samples_s)
     actor_s = run.wall_seconds * workers
     compiled = sum(compile_s.values())
