@@ -42,6 +42,20 @@ def block_run(spec: ModelSpec) -> tuple[int, int] | None:
     return best
 
 
+# MaxText's `remat_policy` for a remat variant (`full`: nothing saved, recompute the layer;
+# `dots`: matmul outputs without batch dims saved = MaxText's `minimal`, which is
+# `jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims` in
+# `src/MaxText/layers/decoders.py` `get_remat_policy`, AI-Hypercomputer/maxtext). The
+# as-written variant sets nothing: the model's own policy stays.
+MAXTEXT_REMAT_POLICY = {"full": "full", "dots": "minimal"}
+
+
+def maxtext_remat(config: ShardingConfig) -> dict[str, str]:
+    """The `remat_policy` setting of stages run under `config`'s remat variant, if any."""
+    policy = MAXTEXT_REMAT_POLICY.get(config.remat)
+    return {} if policy is None else {"remat_policy": policy}
+
+
 def maxtext_parallelism(
     submesh: SubmeshShape, config: ShardingConfig, cluster: ClusterSpec
 ) -> dict[str, int] | str:
@@ -76,7 +90,7 @@ class _Candidate:
     pipeline: float
     keys: list[Key]
     repeats: int
-    settings: dict[str, int]
+    settings: dict[str, int | str]
 
 
 def _outside_time(
@@ -167,12 +181,13 @@ def maxtext_search(
                     continue
                 total = sched.iteration_time_s + outside_time
                 if best is None or total < best.time - 1e-15:
-                    settings = {
+                    settings: dict[str, int | str] = {
                         **par,
                         "num_layers_per_pipeline_stage": blocks // (stages * r),
                         "num_pipeline_repeats": r,
                         "num_pipeline_microbatches": micro,
                         "pipeline_parallel_layers": blocks,
+                        **maxtext_remat(config),
                     }
                     best = _Candidate(total, sched.iteration_time_s, keys, r, settings)
             if not keys_ok:

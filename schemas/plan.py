@@ -363,7 +363,9 @@ class MaxTextPlan(Frozen):
 
     feasible: bool
     reason: str | None = Field(None, description="Why no MaxText plan exists, when none does.")
-    settings: dict[str, int] = Field(default_factory=dict, description="MaxText keys -> values.")
+    settings: dict[str, int | str] = Field(
+        default_factory=dict, description="MaxText keys -> values (remat_policy a name)."
+    )
     schedule: Literal["gpipe", "circular"] | None = None
     blocks: tuple[int, int] | None = Field(
         None, description="First and last pipelined layer (the repeated blocks)."

@@ -25,7 +25,8 @@ def maxtext_yaml(mt: MaxTextPlan) -> str:
     """The settings as lines of a MaxText YAML config."""
     lines = ["# stageprof: the best plan MaxText can run"]
     lines += [f"{k}: {v}" for k, v in mt.settings.items()]
-    lines.append("# remat_policy: as your model config sets it (stageprof measured it so)")
+    if "remat_policy" not in mt.settings:
+        lines.append("# remat_policy: as your model config sets it (stageprof measured it so)")
     return "\n".join(lines) + "\n"
 
 

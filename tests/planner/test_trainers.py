@@ -14,14 +14,16 @@ import math
 
 import pytest
 
-from planner.trainers import block_run, maxtext_parallelism
-from schemas import Plan
+from planner.trainers import block_run, maxtext_parallelism, maxtext_remat
+from schemas import Plan, ShardingConfig
+from schemas.plan import MaxTextPlan
 from schemas.trainer_export import (
     ExportUnavailable,
     export_plan,
     jaxpp_export,
     maxtext_export,
     maxtext_gap,
+    maxtext_yaml,
 )
 from tests.planner.helpers import cluster
 from tests.planner.trainer_helpers import gpt_plan, gpt_spec
@@ -42,7 +44,8 @@ def check_maxtext_constraints(settings: dict[str, int], hosts: int, per_host: in
     ici = math.prod(settings[k] for k in ICI) * settings["ici_tensor_parallelism"]
     dcn = math.prod(settings[k] for k in DCN)
     assert ici == per_host and dcn == hosts
-    assert all(isinstance(v, int) and v >= 1 for v in settings.values())
+    assert settings.get("remat_policy", "full") in ("full", "minimal")  # MaxText's names
+    assert all(isinstance(v, int) and v >= 1 for k, v in settings.items() if k != "remat_policy")
 
 
 @pytest.mark.parametrize(("blocks", "hosts", "per_host"), [(16, 1, 4), (16, 2, 4), (6, 1, 4)])
@@ -196,3 +199,16 @@ def test_maxtext_target_measures_every_candidate() -> None:
     assert PlanOptions(target="maxtext").prune is False
     assert PlanOptions(target="maxtext", prune=True).prune is True
     assert PlanOptions().prune is True and PlanOptions(target="jaxpp").prune is True
+
+
+def test_a_remat_variant_is_maxtexts_remat_policy_and_as_written_sets_none() -> None:
+    """MaxText's `full` saves nothing and `minimal` is checkpoint_dots_with_no_batch_dims
+    (`get_remat_policy` in src/MaxText/layers/decoders.py): our `full` and `dots`."""
+    data = ShardingConfig(logical_mesh=(1, 1), strategy="data")
+    assert maxtext_remat(data) == {}
+    assert maxtext_remat(data.model_copy(update={"remat": "full"})) == {"remat_policy": "full"}
+    assert maxtext_remat(data.model_copy(update={"remat": "dots"})) == {"remat_policy": "minimal"}
+    with_policy = MaxTextPlan(feasible=True, settings={"remat_policy": "minimal"})
+    assert "remat_policy: minimal" in maxtext_yaml(with_policy)
+    assert "as your model config sets it" not in maxtext_yaml(with_policy)
+    assert "as your model config sets it" in maxtext_yaml(MaxTextPlan(feasible=True))
