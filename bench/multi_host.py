@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = zoo.build("gpt", num_layers=args.layers, **widths)
     options = PlanOptions(
         schedule="1f1b",  # as the runs recorded in RESULTS.md
+        remat="as_written",
         num_microbatches=4,
         repeats=2 if args.quick else args.repeats,
         warmup=1,

@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = zoo.build("gpt", num_layers=layers, **common.QUICK_WIDTHS)
     cluster = ClusterSpec(num_hosts=1, devices_per_host=8)
     options = PlanOptions(
-        schedule="1f1b",  # the stage numbers' repeatability: no split backward
+        schedule="1f1b",  # the stage numbers' repeatability: no split backward,
+        remat="as_written",  # and no remat variants
         num_microbatches=4,
         submesh_space="manual",
         manual_submeshes=SUBMESHES,

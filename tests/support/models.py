@@ -14,10 +14,12 @@ TINY_GPT: dict[str, Any] = {
     "vocab_size": 128,
     "batch_size": 4,
 }
-# Data parallel only, two timed runs after one warm-up; 1F1B alone, so no stage is also
-# measured with its backward split (the CLI tests and tests/workers cover `auto`).
+# Data parallel only, two timed runs after one warm-up; 1F1B alone and the stages as written,
+# so no stage is also measured with its backward split or under a remat variant (the CLI
+# tests, tests/workers and tests/planner cover `auto` for both).
 FAST_OPTIONS = PlanOptions(
     schedule="1f1b",
+    remat="as_written",
     num_microbatches=4,
     config_space="data_parallel_only",
     strategies=["data"],
