@@ -223,6 +223,7 @@ class LayerSpec(Frozen):
         default_factory=dict,
         description=f"The pair under rematerialization policies, by name ({list(REMAT_VARIANTS)}); "
         "the pair above is 'as_written'.",
+        json_schema_extra={"propertyNames": {"enum": list(REMAT_VARIANTS)}},
     )
 
     @model_validator(mode="before")

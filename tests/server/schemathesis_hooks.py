@@ -38,7 +38,8 @@ class CrossFieldRule:
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         SPEC_OPS,
-        r"duplicate (model input|layer|var|residual) name|more than \d+ vars",
+        r"duplicate (model input|layer|var|residual|\w+ residual|\w+ saved) name|"
+        r"more than \d+ vars",
         "names unique across lists and by their `name` property; vars per layer in all",
     ),
     CrossFieldRule(
@@ -47,7 +48,11 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         r"produced by|is also the name of|shared parameter",
         "the dataflow: a layer's inputs are outputs of earlier layers or model inputs",
     ),
-    CrossFieldRule(SPEC_OPS, r"saved var", "`saved` names the layer's own inputs and outputs"),
+    CrossFieldRule(
+        SPEC_OPS,
+        r"saved var|remat_variants\[.*\]\.saved: .* is neither an input nor an output",
+        "`saved` (of the layer and of each remat variant) names the layer's own inputs and outputs",
+    ),
     CrossFieldRule(
         SPEC_OPS,
         r"grad_inputs names .* which is not a floating input|grad_inputs: must list the floating",
@@ -67,7 +72,7 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         r"\d+ \w+s but|^(argument|output) \d+ has (shape|dtype)|^exported for",
         "programs must be jax.export bytes whose signature matches the layer's vars, and a "
         "stated fingerprint must be the programs' own",
-        field=r"layers\.\d+\.(forward|backward|fingerprint)$",
+        field=r"layers\.\d+\.(remat_variants\W+\w+\W+)?(forward|backward|fingerprint)$",
     ),
     CrossFieldRule((PLANS,), r"give exactly one of", "exactly one of model_id, model, zoo"),
     CrossFieldRule(
