@@ -331,12 +331,10 @@ class JobRunner:
         device_kind = str(self._worker_info["device_kind"])
         jax_version = str(self._worker_info["jax_version"])
 
-        candidates = []
-        for i, key in enumerate(space.keys):
-            if i % 256 == 0:
-                keeper.check()
+        def fingerprint_of(key: StageKey, split_backward: bool | None = None) -> str:
+            """The stage fingerprint of candidate `key` (with the backward split: True)."""
             submesh, config = space.resolve(key)
-            fp = stage_fingerprint(
+            return stage_fingerprint(
                 remat_spec(spec, config.remat),
                 key.start,
                 key.end,
@@ -345,7 +343,15 @@ class JobRunner:
                 device_kind,
                 jax_version,
                 options,
+                split_backward,
             )
+
+        candidates = []
+        for i, key in enumerate(space.keys):
+            if i % 256 == 0:
+                keeper.check()
+            submesh, config = space.resolve(key)
+            fp = fingerprint_of(key)
             if not self.config.reuse_stages:
                 fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
             # the profile table's strategy column names the remat variant too: "data+full"
@@ -359,19 +365,7 @@ class JobRunner:
 
         def split_twin(fp: str) -> str:
             """The fingerprint of `fp`'s measurement with the backward split as well."""
-            key = keys_by_fp[fp][0]
-            submesh, config = space.resolve(key)
-            return stage_fingerprint(
-                remat_spec(spec, config.remat),
-                key.start,
-                key.end,
-                submesh,
-                config,
-                device_kind,
-                jax_version,
-                options,
-                True,
-            )
+            return fingerprint_of(keys_by_fp[fp][0], True)
 
         def reuse(s: Session) -> tuple[list[str], int, Results]:
             store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates)
