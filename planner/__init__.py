@@ -10,22 +10,26 @@ from planner.choices import config_choices, logical_meshes, submesh_choices
 from planner.comm import boundary_bytes, transfer_seconds
 from planner.dp import DPResult, inference_dp, training_dp
 from planner.errors import NoFeasiblePlan
+from planner.estimate import StageEstimator, is_layer_profile, layer_profile_keys
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
-from planner.remat import remat_worth_measuring
+from planner.remat import remat_worth_measuring, room_needed
 from planner.runner_up import runner_up_dp
 from planner.schedule import SCHEDULES, Schedule, simulate, simulate_1f1b
 from planner.search import ScheduleSearch, search_schedule
 from planner.table import CostTable, build_cost_table
+from planner.verify import EstimateSearch
 
 __all__ = [
     "CandidateSpace",
     "CostTable",
     "DPResult",
+    "EstimateSearch",
     "SCHEDULES",
     "NoFeasiblePlan",
     "Schedule",
     "ScheduleSearch",
+    "StageEstimator",
     "StagePruner",
     "baseline_keys",
     "baseline_plans",
@@ -36,7 +40,10 @@ __all__ = [
     "enumerate_candidates",
     "remat_choices",
     "remat_worth_measuring",
+    "room_needed",
     "inference_dp",
+    "is_layer_profile",
+    "layer_profile_keys",
     "logical_meshes",
     "manual_stage_option",
     "range_lower_bounds",

@@ -26,10 +26,10 @@ class JobStatus(StrEnum):
 class Progress(Frozen):
     """A job's counts, one meaning each. A *stage* is a distinct stage fingerprint among the
     job's candidates (identical candidates share one measurement); every stage is exactly one
-    of measured, reused, failed, pruned or still pending:
+    of measured, reused, failed, pruned, estimated or still pending:
 
-        distinct_stages = measured + reused + failed + pruned + pending
-        done = measured + reused + failed + pruned
+        distinct_stages = measured + reused + failed + pruned + estimated + pending
+        done = measured + reused + failed + pruned + estimated
     """
 
     candidates: int = Field(
@@ -46,6 +46,12 @@ class Progress(Frozen):
     pruned: int = Field(
         0, ge=0, description="Stages skipped: they cannot be in a better plan than one measured."
     )
+    estimated: int = Field(
+        0,
+        ge=0,
+        description="Stages never measured: estimated from the layer profiles, no plan that "
+        "could be best needed them (search: estimate).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -55,10 +61,10 @@ class Progress(Frozen):
             data = {k: v for k, v in data.items() if k not in ("done", "pending")}
         return data
 
-    @computed_field(description="measured + reused + failed + pruned.")  # type: ignore[prop-decorator]
+    @computed_field(description="measured + reused + failed + pruned + estimated.")  # type: ignore[prop-decorator]
     @property
     def done(self) -> int:
-        return self.measured + self.reused + self.failed + self.pruned
+        return self.measured + self.reused + self.failed + self.pruned + self.estimated
 
     @computed_field(description="Stages with no result yet.")  # type: ignore[prop-decorator]
     @property
@@ -84,6 +90,11 @@ class Job(Frozen):
         None,
         description="What the job is waiting for right now, e.g. 'waiting for devices held by "
         "another job (...)'; null when it is not waiting.",
+    )
+    phase: str | None = Field(
+        None,
+        description="What a running job is doing: 'layer profiles', 'estimates', "
+        "'verification round N', 'measuring', 'planning'; null when not running.",
     )
     created_at: datetime
     started_at: datetime | None = None

@@ -24,6 +24,8 @@ ScheduleName = Literal["1f1b", "gpipe", "interleaved", "zb-h1"]
 # The schedules a plan request may ask for: one of them, or "auto" (the best in simulated time).
 ScheduleChoice = Literal["auto", "1f1b", "gpipe", "interleaved", "zb-h1"]
 TrainerName = Literal["maxtext", "jaxpp"]
+# How a job chooses what to measure (PlanOptions.search).
+SearchMode = Literal["estimate", "prune", "exhaustive"]
 ZERO_BUBBLE_SCHEDULES: frozenset[str] = frozenset({"zb-h1"})
 MAX_VIRTUAL_STAGES = 16
 MAX_MICROBATCHES = 4096
@@ -128,6 +130,15 @@ class PlanOptions(Frozen):
     prune_margin: float = Field(
         0.1, ge=0, le=10, description="Safety margin of the pruning bound, a fraction."
     )
+    search: SearchMode = Field(
+        "estimate",
+        description="What the job measures: 'estimate' measures every distinct layer (and "
+        "adjacent pair) alone, estimates every stage from them and measures only the stages "
+        "of the plans that could be best within the estimates' observed error; 'prune' "
+        "measures every stage that could still be in a better plan; 'exhaustive' measures "
+        "every candidate (the plan is the same search over a full table). prune: false "
+        "means exhaustive.",
+    )
 
     @field_validator("strategies")
     @classmethod
@@ -153,8 +164,15 @@ class PlanOptions(Frozen):
         """A MaxText plan needs the uniform stages, which pruning (judged against the
         unrestricted plan) may skip: `target: maxtext` turns pruning off unless set."""
         if isinstance(data, dict) and data.get("target") == "maxtext" and "prune" not in data:
-            return {**data, "prune": False}
+            data = {**data, "prune": False}
+        if isinstance(data, dict) and data.get("prune") is False and "search" not in data:
+            data = {**data, "search": "exhaustive"}
         return data
+
+    @property
+    def search_mode(self) -> SearchMode:
+        """The search this job runs: `search`, except that prune: false measures everything."""
+        return "exhaustive" if not self.prune else self.search
 
     @property
     def measures_split_backward(self) -> bool:
@@ -253,6 +271,49 @@ class PlannedStage(Frozen):
     )
     remat: str = Field(
         "as_written", description="Remat variant its layers run under (its config's)."
+    )
+    measured: bool = Field(
+        True,
+        description="Whether its numbers were measured; false: estimated from layer "
+        "profiles (only a baseline or a runner-up may hold such a stage, never the plan).",
+    )
+    estimated_cost_s: float | None = Field(
+        None,
+        ge=0,
+        description="The job's estimate of forward + backward from its layer profiles, "
+        "seconds (beside compute_cost when the stage was measured); null: not estimated.",
+    )
+
+
+class SearchSummary(Frozen):
+    """How a job chose what to measure, and how good its estimates were."""
+
+    mode: SearchMode = Field(description="The search the job ran (PlanOptions.search).")
+    layer_profiles: int = Field(
+        0, ge=0, description="Stages of one layer or two adjacent layers measured to estimate."
+    )
+    verified: int = Field(
+        0, ge=0, description="Longer stages measured because a plan that could be best has them."
+    )
+    estimated: int = Field(0, ge=0, description="Stages never measured: estimated only.")
+    rounds: int = Field(0, ge=0, description="Estimate-then-measure rounds.")
+    estimate_error_median: float | None = Field(
+        None,
+        ge=0,
+        description="Median |estimate - measured| / measured of forward + backward over the "
+        "stages measured after being estimated; null: none was.",
+    )
+    estimate_error_max: float | None = Field(
+        None, ge=0, description="The largest such error; null: none was."
+    )
+    error_band: float | None = Field(
+        None,
+        ge=0,
+        description="The band the last round trusted: unmeasured stages were assumed at "
+        "least (1 - band) x their estimate.",
+    )
+    compared: int = Field(
+        0, ge=0, description="Stages measured after being estimated (the error's sample)."
     )
 
 
@@ -446,6 +507,11 @@ class Plan(Frozen):
     )
     target: TrainerName | None = Field(
         None, description="The trainer the plan was made for (None: stageprof's own)."
+    )
+    search: SearchSummary | None = Field(
+        None,
+        description="How the job chose what to measure and how good its estimates were; "
+        "null: planned without a search (stored before, or planned from a given table).",
     )
     maxtext: MaxTextPlan | None = Field(
         None, description="The best MaxText plan (target 'maxtext' only)."

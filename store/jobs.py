@@ -11,7 +11,7 @@ from schemas import ClusterSpec, Job, JobStatus, Plan, PlanOptions, Progress, Zo
 from store.base import utcnow
 from store.counters import add_counts
 from store.engine import is_postgres
-from store.tables import PRUNED, JobCandidateRow, JobRow, ModelRow
+from store.tables import ESTIMATED, PRUNED, JobCandidateRow, JobRow, ModelRow
 
 RUNNING = (JobStatus.profiling.value, JobStatus.planning.value)
 FINISHED = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
@@ -223,6 +223,17 @@ def set_job_waiting(session: Session, *, job_id: str, owner: str, waiting: str |
     return bool(getattr(result, "rowcount", 0))
 
 
+def set_job_phase(session: Session, *, job_id: str, owner: str, phase: str | None) -> bool:
+    """Say what a running job is doing (None: nothing in particular); only its lease owner may."""
+    result = session.execute(
+        update(JobRow)
+        .where(JobRow.id == job_id, JobRow.lease_owner == owner, JobRow.status.not_in(FINISHED))
+        .values(phase=phase[:64] if phase else None)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
 def finish_job(
     session: Session,
     *,
@@ -246,6 +257,7 @@ def finish_job(
             plan=plan.model_dump(mode="json") if plan is not None else None,
             error=error,
             waiting=None,
+            phase=None,
             finished_at=utcnow(),
             lease_expires_at=None,
         )
@@ -294,8 +306,10 @@ def refresh_progress(session: Session, *, job_id: str) -> Progress:
         stages.filter(and_(recorded, c.reused.is_(True), ok)),
         stages.filter(and_(recorded, c.status != "ok")),
         stages.filter(c.status == PRUNED),
+        stages.filter(c.status == ESTIMATED),
     ).where(c.job_id == job_id)
-    candidates, distinct, measured, reused, failed, n_pruned = session.execute(stmt).one()
+    row = session.execute(stmt).one()
+    candidates, distinct, measured, reused, failed, n_pruned, n_estimated = row
     progress = Progress(
         candidates=candidates,
         distinct_stages=distinct,
@@ -303,6 +317,7 @@ def refresh_progress(session: Session, *, job_id: str) -> Progress:
         reused=reused,
         failed=failed,
         pruned=n_pruned,
+        estimated=n_estimated,
     )
     session.execute(
         update(JobRow)
@@ -322,6 +337,7 @@ def progress_of(row: JobRow) -> Progress:
         reused=row.reused,
         failed=row.failed,
         pruned=row.pruned,
+        estimated=row.estimated,
     )
 
 
@@ -345,6 +361,7 @@ def job_to_schema(session: Session, row: JobRow) -> Job:
         lease_owner=row.lease_owner,
         cancel_requested=row.cancel_requested,
         waiting=row.waiting,
+        phase=row.phase if not JobStatus(row.status).finished else None,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,

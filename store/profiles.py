@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from schemas import ProfileStatus, StageKey, StageProfileResult
 from store.base import utcnow
 from store.engine import is_postgres
-from store.tables import PRUNED, JobCandidateRow, StageProfileRow
+from store.tables import ESTIMATED, PRUNED, JobCandidateRow, StageProfileRow
 
 # Failures that depend on the moment, not on the stage: measured again by a later job.
 TRANSIENT_STATUSES = (
@@ -178,6 +178,48 @@ def mark_pruned(session: Session, *, job_id: str, fingerprints: Iterable[str]) -
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def mark_estimated(session: Session, *, job_id: str, fingerprints: Iterable[str]) -> int:
+    """Record that the job never measured these stages: their numbers are estimates only
+    (search: estimate); returns how many candidates."""
+    wanted = list(fingerprints)
+    if not wanted:
+        return 0
+    result = session.execute(
+        update(JobCandidateRow)
+        .where(
+            JobCandidateRow.job_id == job_id,
+            JobCandidateRow.fingerprint.in_(wanted),
+            JobCandidateRow.profile_id.is_(None),
+            JobCandidateRow.status.is_(None),
+        )
+        .values(status=ESTIMATED, recorded_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def record_estimates(session: Session, *, job_id: str, estimates: Mapping[str, float]) -> int:
+    """Store the job's estimate of forward + backward (seconds) of each stage fingerprint on
+    its candidates, measured or not; returns how many candidates got one."""
+    by_value: dict[float, list[str]] = {}
+    for fp, seconds in estimates.items():
+        by_value.setdefault(float(seconds), []).append(fp)
+    n = 0
+    for seconds, fps in by_value.items():
+        for i in range(0, len(fps), 500):
+            result = session.execute(
+                update(JobCandidateRow)
+                .where(
+                    JobCandidateRow.job_id == job_id,
+                    JobCandidateRow.fingerprint.in_(fps[i : i + 500]),
+                )
+                .values(estimated_cost=seconds)
+                .execution_options(synchronize_session=False)
+            )
+            n += int(result.rowcount)  # type: ignore[attr-defined]
+    return n
 
 
 def record_result(

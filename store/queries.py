@@ -15,7 +15,15 @@ from sqlalchemy import ColumnElement, Integer, Select, func, literal, select, tu
 from sqlalchemy.orm import Session
 
 from schemas import ProfileStatus
-from store.tables import PRUNED, JobCandidateRow, JobRow, LayerProgramRow, ModelRow, StageProfileRow
+from store.tables import (
+    ESTIMATED,
+    PRUNED,
+    JobCandidateRow,
+    JobRow,
+    LayerProgramRow,
+    ModelRow,
+    StageProfileRow,
+)
 
 SORT_KEYS: tuple[str, ...] = ("compute_cost", "peak_memory", "start", "recorded_at")
 NULLABLE_SORT_KEYS = frozenset({"compute_cost", "peak_memory", "recorded_at"})
@@ -28,11 +36,11 @@ _PROFILE_STATUSES = frozenset(s.value for s in ProfileStatus)
 _NEVER_NULL: dict[str, frozenset[str]] = {
     "compute_cost": frozenset({"ok"}),
     "peak_memory": _PROFILE_STATUSES,
-    "recorded_at": _PROFILE_STATUSES | {PRUNED},
+    "recorded_at": _PROFILE_STATUSES | {PRUNED, ESTIMATED},
 }
 _ALWAYS_NULL: dict[str, frozenset[str]] = {
-    "compute_cost": (_PROFILE_STATUSES - {"ok"}) | {PENDING, PRUNED},
-    "peak_memory": frozenset({PENDING, PRUNED}),
+    "compute_cost": (_PROFILE_STATUSES - {"ok"}) | {PENDING, PRUNED, ESTIMATED},
+    "peak_memory": frozenset({PENDING, PRUNED, ESTIMATED}),
     "recorded_at": frozenset({PENDING}),
 }
 
@@ -52,6 +60,7 @@ PROFILE_COLUMNS: dict[str, Any] = {
     "strategy": _C.strategy,
     "status": _C.status,
     "compute_cost": _C.compute_cost,
+    "estimated_cost": _C.estimated_cost,
     "forward_cost": _P.forward_cost,
     "backward_cost": _P.backward_cost,
     "peak_memory": _C.peak_memory,

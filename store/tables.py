@@ -22,6 +22,8 @@ from store.base import Base, UTCDateTime, utcnow
 HASH_LEN = 64
 # Candidate status of a stage the runner skipped: it cannot be in a better plan.
 PRUNED = "pruned"
+# A candidate a search: estimate job never measured: its numbers are estimates only.
+ESTIMATED = "estimated"
 
 
 class ModelRow(Base):
@@ -70,6 +72,9 @@ class JobRow(Base):
     measured: Mapped[int] = mapped_column(Integer, default=0)
     distinct_stages: Mapped[int] = mapped_column(Integer, default=0)
     pruned: Mapped[int] = mapped_column(Integer, default=0)
+    estimated: Mapped[int] = mapped_column(Integer, default=0)  # 0010
+    # What a running job is doing ("layer profiles", "verification round 2"...) (0010).
+    phase: Mapped[str | None] = mapped_column(String(64))
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -173,6 +178,8 @@ class JobCandidateRow(Base):
     compute_cost: Mapped[float | None] = mapped_column(Float)
     peak_memory: Mapped[int | None] = mapped_column(BigInteger)
     recorded_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # The job's estimate of forward + backward from its layer profiles, seconds (0010).
+    estimated_cost: Mapped[float | None] = mapped_column(Float)
 
 
 class StageClaimRow(Base):

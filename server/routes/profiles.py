@@ -40,7 +40,15 @@ SortParam = Literal[
     "-recorded_at",
 ]
 StatusParam = Literal[
-    "ok", "oom", "compile_error", "runtime_error", "timeout", "worker_lost", "pending", "pruned"
+    "ok",
+    "oom",
+    "compile_error",
+    "runtime_error",
+    "timeout",
+    "worker_lost",
+    "pending",
+    "pruned",
+    "estimated",
 ]
 MAX_INT = 2**31 - 1
 MAX_BIG = 2**63 - 1
@@ -154,7 +162,10 @@ def read_profiles(
     config_id: IntParam = None,
     status: Annotated[
         list[StatusParam] | None,
-        Query(description="Repeat for several; 'pending': no result yet; 'pruned': skipped."),
+        Query(
+            description="Repeat for several; 'pending': no result yet; 'pruned': skipped; "
+            "'estimated': never measured, estimated only."
+        ),
     ] = None,
     num_devices: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
     strategy: StrategyName | None = None,

@@ -5,11 +5,11 @@ waited for, and stages that cannot be in a better plan are skipped."""
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-import planner
 import store
 from schemas import StageKey, StageProfileResult, SubmeshShape
 from workers.cluster import CandidateTask, GroupPool, GroupShape
@@ -21,6 +21,16 @@ from workers.jobs.stage_ledger import OURS, WAIT, StageLedger
 logger = logging.getLogger(__name__)
 
 Feed = Callable[[str, StageProfileResult], None]
+Key = tuple[int, int, int, int]
+
+
+class ResultSink(Protocol):
+    """What the phase feeds results to and asks before measuring: a `planner.StagePruner`,
+    or the estimate search (which prunes nothing itself)."""
+
+    def add(self, keys: Iterable[Key], result: StageProfileResult) -> None: ...
+
+    def prunable(self, keys: Iterable[Key]) -> bool: ...
 
 
 class MeasuringPhase:
@@ -96,7 +106,7 @@ class MeasuringPhase:
         fingerprints: list[str],
         keys_by_fp: dict[str, list[StageKey]],
         submeshes: Sequence[SubmeshShape],
-        pruner: planner.StagePruner | None,
+        pruner: ResultSink | None,
         stats: JobStats,
         keeper: LeaseKeeper,
         ledger: StageLedger,

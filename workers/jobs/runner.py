@@ -43,14 +43,16 @@ from workers.cluster import (
     make_layout,
     virtual_devices_only,
 )
+from workers.jobs.estimate_loop import EstimateLoop
 from workers.jobs.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
 from workers.jobs.job_inputs import JobFailed, ZooBuilder, enumerate_space, load_job
 from workers.jobs.job_stats import JobOutcome, JobStats, ProgressCallback
 from workers.jobs.phase import MeasuringPhase
+from workers.jobs.prune_loop import measure_pruned
 from workers.jobs.retry import StoreRetry, is_transient
 from workers.jobs.runner_metrics import RunnerCounters
 from workers.jobs.stage_ledger import StageLedger
-from workers.jobs.stage_order import by_group_shape, measure_order
+from workers.jobs.stage_order import by_group_shape
 
 # A job's measured candidates by key tuple (store.job_results).
 Results = Mapping[tuple[int, int, int, int], StageProfileResult]
@@ -398,48 +400,26 @@ class JobRunner:
             n_reused,
             len(to_measure),
         )
-        pruner = None
-        if options.prune:
-            keep = planner.baseline_keys(spec.num_layers, space, cluster.num_devices)
-            pruner = planner.StagePruner(
-                spec, cluster, options, space, options.prune_margin, keep=keep
-            )
-            for known_key, result in known.items():
-                pruner.add([known_key], result)
-            # Small stages first: they are cheap and bound the big ones, which may then
-            # never need measuring. Within a size, larger submeshes first (as Alpa).
-            to_measure.sort(key=lambda fp: measure_order(keys_by_fp[fp], space))
-        # remat variants after the as-written stages, and only where those lack room
-        variant = {fp for fp in to_measure if all(space.is_remat(k) for k in keys_by_fp[fp])}
-        plain = by_group_shape(
-            [fp for fp in to_measure if fp not in variant], keys_by_fp, space, layout
-        )
-        phase.run(plain, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
-        if variant:
-            measured = self.store.patient(
-                "results so far", lambda s: store.job_results(s, job_id=job_id)
-            )
-
-            def worth(fp: str) -> bool:
-                return any(
-                    planner.remat_worth_measuring(
-                        k.as_tuple(), space, measured, spec.num_layers, cluster.num_devices, options
-                    )
-                    for k in keys_by_fp[fp]
-                )
-
-            wanted = [fp for fp in to_measure if fp in variant and worth(fp)]
-            skipped = [fp for fp in to_measure if fp in variant and fp not in set(wanted)]
-            logger.info(
-                "job %s: %d remat-variant stages to measure, %d not needed",
+        loop = None
+        if options.search_mode == "estimate":
+            loop = EstimateLoop(
+                self.store,
                 job_id,
-                len(wanted),
-                len(skipped),
+                self.config.owner,
+                spec,
+                cluster,
+                options,
+                space,
+                phase,
+                keys_by_fp,
+                lambda fps: by_group_shape(fps, keys_by_fp, space, layout),
             )
-            if skipped:
-                phase.skip(skipped, stats)
-            wanted = by_group_shape(wanted, keys_by_fp, space, layout)
-            phase.run(wanted, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
+            loop.run(dict(known), to_measure, stats, keeper, ledger)
+        else:
+            measure_pruned(
+                self.store, job_id, spec, cluster, options, space, layout, phase,
+                keys_by_fp, known, to_measure, stats, keeper, ledger,
+            )  # fmt: skip
 
         def to_planning(s: Session) -> Results | None:
             if not store.set_job_status(
@@ -456,6 +436,8 @@ class JobRunner:
         if results and not any(r.ok for r in results.values()):
             summary = ", ".join(f"{n} {status}" for status, n in failures.most_common())
             raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")
+        if loop is not None:
+            return keeper.call("dp", loop.plan)
         return keeper.call("dp", planner.build_plan, spec, cluster, options, space, results)
 
     def _pool_config(self, space: planner.CandidateSpace) -> PoolConfig:

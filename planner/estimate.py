@@ -1,0 +1,239 @@
+"""Stage numbers estimated from layer profiles (Alpa's layer-wise profiling, PR #681).
+
+A stage of layers a..b on one submesh and config is estimated from the measured stages of
+one layer, `(k, k)`, and of two adjacent layers, `(k, k + 1)`, on the same submesh and
+config. An additive quantity `q` (a module's time, stash bytes, parameter bytes, FLOPs) of
+the stage is
+
+    q(a..b) = Σ_k q(k, k) + Σ_{k<b} [q(k, k+1) - q(k, k) - q(k+1, k+1)]
+
+the layers' own values plus what each boundary between two layers changes (a per-call
+overhead paid once instead of twice; an activation that is both an output and an input).
+It is exact for one and two layers. Peak memory is estimated the same way. What measured
+longer stages show is learned as it arrives: per submesh and config, the median ratio of
+measured to raw estimate scales later estimates (times and peak separately).
+"""
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from planner.candidates import CandidateSpace
+from planner.table import Key
+from schemas import (
+    ModuleKind,
+    ModuleProfileResult,
+    ProfileStatus,
+    StageProfileResult,
+    max_n_succ_stages,
+)
+
+TIMED = (
+    ModuleKind.forward,
+    ModuleKind.backward,
+    ModuleKind.apply_grad,
+    ModuleKind.backward_input,
+    ModuleKind.backward_weight,
+)
+# The additive stage-level quantities (attribute names of StageProfileResult).
+SIZES = ("initial_var_size", "intermediate_size", "weight_stash_size", "flops")
+
+
+def is_layer_profile(key: Key) -> bool:
+    """A stage of one layer or of two adjacent layers: what the estimates are made from."""
+    return key[1] - key[0] <= 1
+
+
+def layer_profile_keys(space: CandidateSpace) -> list[Key]:
+    """The candidates that are layer profiles, in the space's order."""
+    return [k.as_tuple() for k in space.keys if is_layer_profile(k.as_tuple())]
+
+
+@dataclass(frozen=True)
+class Quantities:
+    """The numbers of one stage that estimates add up (times in seconds, sizes in bytes)."""
+
+    times: dict[ModuleKind, float]
+    peak: float
+    sizes: dict[str, float]
+
+    @staticmethod
+    def of(result: StageProfileResult) -> "Quantities":
+        times = {m.module: m.compute_cost for m in result.module_profile_results}
+        sizes = {name: float(getattr(result, name)) for name in SIZES}
+        return Quantities(times, float(result.peak_memory), sizes)
+
+    def combine(self, other: "Quantities", sign: float) -> "Quantities":
+        times = {k: self.times[k] + sign * other.times[k] for k in self.times if k in other.times}
+        sizes = {k: self.sizes[k] + sign * other.sizes[k] for k in self.sizes}
+        return Quantities(times, self.peak + sign * other.peak, sizes)
+
+
+@dataclass
+class StageEstimator:
+    """Estimates stages from the layer profiles of a job (see the module doc).
+
+    `results`: measured results by key (layer profiles and any longer stages); estimates use
+    the ok layer profiles and learn their correction from the ok longer stages."""
+
+    space: CandidateSpace
+    available_memory: int
+    results: dict[Key, StageProfileResult] = field(default_factory=dict)
+
+    def add(self, key: Key, result: StageProfileResult) -> None:
+        self.results[key] = result
+
+    def raw(self, key: Key) -> Quantities | None:
+        """The additive estimate before correction; None when a layer profile it needs is
+        missing or failed."""
+        a, b, m, c = key
+        total: Quantities | None = None
+        for k in range(a, b + 1):
+            one = self._ok((k, k, m, c))
+            if one is None:
+                return None
+            total = one if total is None else total.combine(one, 1.0)
+        for k in range(a, b):
+            pair = self._ok((k, k + 1, m, c))
+            left, right = self._ok((k, k, m, c)), self._ok((k + 1, k + 1, m, c))
+            if pair is None or left is None or right is None:
+                return None
+            assert total is not None
+            total = total.combine(pair, 1.0).combine(left, -1.0).combine(right, -1.0)
+        return total
+
+    def _ok(self, key: Key) -> Quantities | None:
+        result = self.results.get(key)
+        return Quantities.of(result) if result is not None and result.ok else None
+
+    def corrections(self) -> dict[tuple[int, int] | None, tuple[float, float]]:
+        """(time, peak) scale per (submesh, config): the median measured / raw over its
+        measured longer stages; under None, over every submesh's (used where a submesh and
+        config has none; absent when no longer stage is measured: no correction)."""
+        by_mesh: dict[tuple[int, int] | None, list[tuple[float, float]]] = {}
+        for key, result in self.results.items():
+            if is_layer_profile(key) or not result.ok:
+                continue
+            raw = self.raw(key)
+            if raw is None:
+                continue
+            t_raw = _stage_time(raw)
+            if t_raw <= 0 or raw.peak <= 0:
+                continue
+            pair = (result.compute_cost / t_raw, result.peak_memory / raw.peak)
+            by_mesh.setdefault(None, []).append(pair)
+            by_mesh.setdefault((key[2], key[3]), []).append(pair)
+        return {
+            mesh: (statistics.median(p[0] for p in v), statistics.median(p[1] for p in v))
+            for mesh, v in by_mesh.items()
+        }
+
+    def estimate(
+        self,
+        key: Key,
+        fingerprint: str = "",
+        corrections: Mapping[tuple[int, int] | None, tuple[float, float]] | None = None,
+    ) -> StageProfileResult | None:
+        """The stage's estimated result (status ok), or None when it cannot be estimated.
+        Times are never below the measured layers' largest (a stage takes at least as long
+        as any of its layers)."""
+        raw = self.raw(key)
+        if raw is None:
+            return None
+        a, b, m, c = key
+        corr = self.corrections() if corrections is None else corrections
+        t_scale, p_scale = corr.get((m, c), corr.get(None, (1.0, 1.0)))
+        submesh, config = self.space.resolve(key)
+        times = {k: max(0.0, v * t_scale) for k, v in raw.times.items()}
+        peak = max(0, int(raw.peak * p_scale))
+        sizes = {k: max(0.0, v) for k, v in raw.sizes.items()}
+        for k in range(a, b + 1):
+            one = self._ok((k, k, m, c))
+            assert one is not None
+            for kind, t in one.times.items():
+                if kind in times:
+                    times[kind] = max(times[kind], t)
+            peak = max(peak, int(one.peak))
+        modules = tuple(
+            ModuleProfileResult.model_construct(
+                module=kind,
+                compute_cost=times[kind],
+                peak_memory=peak if kind == ModuleKind.forward else 0,
+                temp_buffer_size=0,
+                invar_names=(),
+                outvar_names=(),
+                invar_sizes=(),
+                outvar_sizes=(),
+                donated_invars=(),
+                acc_grad_invars_indices=(),
+                acc_grad_outvars_indices=(),
+                available_memory=self.available_memory,
+                compute_cost_samples_s=(),
+                compute_cost_spread=0.0,
+                compile_seconds=0.0,
+                flops=0.0,
+                bytes_accessed=0.0,
+                collective_bytes={},
+            )
+            for kind in TIMED
+            if kind in times
+        )
+        initial = int(sizes["initial_var_size"])
+        intermediate = int(sizes["intermediate_size"])
+        return StageProfileResult.model_construct(
+            status=ProfileStatus.ok,
+            error=None,
+            fingerprint=fingerprint,
+            key=None,
+            submesh=submesh,
+            config=config,
+            num_layers=b - a + 1,
+            module_profile_results=modules,
+            available_memory=self.available_memory,
+            initial_var_size=initial,
+            intermediate_size=intermediate,
+            weight_stash_size=int(sizes["weight_stash_size"]),
+            max_n_succ_stages=max_n_succ_stages(self.available_memory, peak, initial, intermediate),
+            input_shardings={},
+            flops=sizes["flops"],
+            compile_seconds=0.0,
+            device_kind="",
+            jax_version="",
+            measured_by=(),
+            estimate_bytes=None,
+        )
+
+    def estimate_all(
+        self, keys: Iterable[Key], fingerprints: Mapping[Key, str] | None = None
+    ) -> dict[Key, StageProfileResult]:
+        """Estimates of every key that has none measured and can be estimated."""
+        out = {}
+        corr = self.corrections()
+        for key in keys:
+            if key in self.results:
+                continue
+            est = self.estimate(key, (fingerprints or {}).get(key, ""), corr)
+            if est is not None:
+                out[key] = est
+        return out
+
+
+def _stage_time(q: Quantities) -> float:
+    return q.times.get(ModuleKind.forward, math.inf) + q.times.get(ModuleKind.backward, math.inf)
+
+
+def scaled(result: StageProfileResult, factor: float) -> StageProfileResult:
+    """The estimate with every module time times `factor` (an optimistic bound: < 1)."""
+    modules = tuple(
+        m.model_copy(update={"compute_cost": m.compute_cost * factor})
+        for m in result.module_profile_results
+    )
+    return result.model_copy(update={"module_profile_results": modules})
+
+
+def relative_error(estimate: float, measured: float) -> float:
+    """|estimate - measured| / measured (inf when measured is not positive)."""
+    if measured <= 0 or not math.isfinite(measured) or not math.isfinite(estimate):
+        return math.inf
+    return abs(estimate - measured) / measured

@@ -1,0 +1,196 @@
+"""A job's search: estimate (`PlanOptions.search`, the default): layer profiles first, then
+estimate every stage and measure only where it decides the plan (`planner.verify`)."""
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+import planner
+import store
+from schemas import (
+    ClusterSpec,
+    ModelSpec,
+    Plan,
+    PlanOptions,
+    StageKey,
+    StageProfileResult,
+)
+from workers.jobs.heartbeat import LeaseKeeper
+from workers.jobs.job_stats import JobStats
+from workers.jobs.phase import MeasuringPhase
+from workers.jobs.retry import StoreRetry, is_transient
+from workers.jobs.stage_ledger import StageLedger
+
+logger = logging.getLogger(__name__)
+Key = tuple[int, int, int, int]
+
+
+class _Sink:
+    """What the measuring phase feeds results to: the search (it prunes nothing itself:
+    the search measures only stages it asked for)."""
+
+    def __init__(self, search: planner.EstimateSearch) -> None:
+        self.search = search
+
+    def add(self, keys: Iterable[Key], result: StageProfileResult) -> None:
+        self.search.add(keys, result)
+
+    def prunable(self, keys: Iterable[Key]) -> bool:
+        return False
+
+
+@dataclass
+class EstimateLoop:
+    """Runs the estimate search of one job on its measuring phase."""
+
+    store: StoreRetry
+    job_id: str
+    owner: str
+    spec: ModelSpec
+    cluster: ClusterSpec
+    options: PlanOptions
+    space: planner.CandidateSpace
+    phase: MeasuringPhase
+    keys_by_fp: dict[str, list[StageKey]]
+    order: Callable[[list[str]], list[str]]
+
+    def __post_init__(self) -> None:
+        self.search = planner.EstimateSearch(self.spec, self.cluster, self.options, self.space)
+        self.fp_of: dict[Key, str] = {
+            k.as_tuple(): fp for fp, keys in self.keys_by_fp.items() for k in keys
+        }
+
+    def run(
+        self,
+        known: dict[Key, StageProfileResult],
+        to_measure: list[str],
+        stats: JobStats,
+        keeper: LeaseKeeper,
+        ledger: StageLedger,
+    ) -> None:
+        """Measure layer profiles, then the stages the rounds ask for; the stages never
+        measured are stored as estimated, with their estimates."""
+        for key, result in known.items():
+            self.search.add([key], result)
+        pending = set(to_measure)
+        sink = _Sink(self.search)
+
+        def measure(fps: Sequence[str]) -> None:
+            wanted = self.order([fp for fp in fps if fp in pending])
+            pending.difference_update(wanted)
+            if wanted:
+                self.phase.run(
+                    wanted, self.keys_by_fp, self.space.submeshes, sink, stats, keeper, ledger
+                )
+
+        profiles = [fp for fp in to_measure if self._is_profile(fp)]
+        plain = [fp for fp in profiles if not self._all_remat(fp)]
+        self._say("layer profiles")
+        measure(plain)
+        variants = [fp for fp in profiles if self._all_remat(fp)]
+        if variants:
+            if self._memory_could_bind():
+                measure(variants)
+            else:  # every as-written stage has room: no variant can help
+                variant_fps = {fp for fp in pending if self._all_remat(fp)}
+                logger.info(
+                    "job %s: memory is ample, %d remat-variant stages not needed",
+                    self.job_id,
+                    len(variant_fps),
+                )
+                pending.difference_update(variant_fps)
+                self.phase.skip(sorted(variant_fps), stats)
+        while True:
+            keeper.check()
+            self._say("estimates")
+            keys = keeper.call("estimates", self.search.next_round)
+            if not keys:
+                break
+            fps = list(dict.fromkeys(self.fp_of[k] for k in keys))
+            fresh = [fp for fp in fps if fp in pending]
+            if not fresh:  # asked for stages measured already (a race with another job)
+                logger.warning(
+                    "job %s: round %d asked for nothing new", self.job_id, self.search.rounds
+                )
+                break
+            self._say(f"verification round {self.search.rounds}")
+            measure(fresh)
+        logger.info("job %s: estimate search: %s", self.job_id, self.search.stopped)
+        self._store_estimates(sorted(pending), stats)
+
+    def plan(self) -> Plan:
+        """The plan from the measured stages, annotated with the estimates (see
+        `planner.EstimateSearch.plan`); distinct stages counted once."""
+        plan = self.search.plan()
+        summary = plan.search
+        assert summary is not None
+        measured = {self.fp_of[k] for k in self.search.measured if k in self.fp_of}
+        profiles = {fp for fp in measured if self._is_profile(fp)}
+        estimated = {self.fp_of[k] for k in self.search.estimates() if k in self.fp_of}
+        summary = summary.model_copy(
+            update={
+                "layer_profiles": len(profiles),
+                "verified": len(measured - profiles),
+                "estimated": len(estimated - measured),
+            }
+        )
+        return plan.model_copy(update={"search": summary})
+
+    def _is_profile(self, fp: str) -> bool:
+        return any(planner.is_layer_profile(k.as_tuple()) for k in self.keys_by_fp[fp])
+
+    def _all_remat(self, fp: str) -> bool:
+        return all(self.space.is_remat(k) for k in self.keys_by_fp[fp])
+
+    def _memory_could_bind(self) -> bool:
+        """Whether some as-written stage, measured or estimated, lacks the room a schedule
+        considered needs (then remat variants may be in the best plan)."""
+        results = {**self.search.estimates(), **self.search.measured}
+        for key, result in results.items():
+            if self.space.is_remat(key):
+                continue
+            need = planner.room_needed(
+                key, self.space, self.spec.num_layers, self.cluster.num_devices, self.options
+            )
+            if not result.ok or result.max_n_succ_stages < need:
+                return True
+        return False
+
+    def _store_estimates(self, unmeasured: list[str], stats: JobStats) -> None:
+        """Each candidate's estimate (what it was when chosen, for the measured ones) and the
+        never-measured stages as `estimated`."""
+        point = self.search.estimates()
+        by_fp: dict[str, float] = {}
+        for key, est in point.items():
+            by_fp.setdefault(self.fp_of[key], est.compute_cost)
+        for key, seconds in self.search.estimated_at_choice.items():
+            by_fp[self.fp_of[key]] = seconds
+        job_id = self.job_id
+        never = [fp for fp in unmeasured if fp in by_fp]
+        skipped = [fp for fp in unmeasured if fp not in by_fp]
+
+        def put(s: Session) -> store.JobRow | None:
+            store.record_estimates(s, job_id=job_id, estimates=by_fp)
+            store.mark_estimated(s, job_id=job_id, fingerprints=never)
+            store.mark_pruned(s, job_id=job_id, fingerprints=skipped)
+            store.refresh_progress(s, job_id=job_id)
+            return store.get_job(s, job_id=job_id)
+
+        job = self.store.patient("estimates", put)
+        if self.phase.on_progress is not None:
+            self.phase.on_progress(job, stats)
+
+    def _say(self, phase: str) -> None:
+        """Best effort: the job row says which phase it is in."""
+        job_id, owner = self.job_id, self.owner
+
+        def put(s: Session) -> bool:
+            return store.set_job_phase(s, job_id=job_id, owner=owner, phase=phase)
+
+        try:
+            self.store.once("phase", put)
+        except Exception as err:
+            if not is_transient(err):
+                raise
