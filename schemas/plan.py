@@ -10,6 +10,7 @@ from schemas.cluster import (
     MAX_HOSTS,
     ClusterSpec,
     ShardingConfig,
+    StageKey,
     StrategyName,
     SubmeshShape,
 )
@@ -138,6 +139,14 @@ class PlanOptions(Frozen):
         "measures every stage that could still be in a better plan; 'exhaustive' measures "
         "every candidate (the plan is the same search over a full table). prune: false "
         "means exhaustive.",
+    )
+
+    measure_stages: list[StageKey] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Stage candidates the job measures whatever its search decides (e.g. "
+        "`stageprof gate` asks for its baseline plan's stages, so its verdict rests on "
+        "measurements only); a key that is not a candidate of the job is ignored.",
     )
 
     @field_validator("strategies")

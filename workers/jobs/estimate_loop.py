@@ -85,7 +85,11 @@ class EstimateLoop:
                     wanted, self.keys_by_fp, self.space.submeshes, sink, stats, keeper, ledger
                 )
 
-        profiles = [fp for fp in to_measure if self._is_profile(fp)]
+        required = {k.as_tuple() for k in self.options.measure_stages}
+        asked = [
+            fp for fp in to_measure if any(k.as_tuple() in required for k in self.keys_by_fp[fp])
+        ]
+        profiles = [fp for fp in to_measure if self._is_profile(fp) or fp in asked]
         plain = [fp for fp in profiles if not self._all_remat(fp)]
         self._say("layer profiles")
         measure(plain)

@@ -39,6 +39,7 @@ def measure_pruned(
     pruner = None
     if options.search_mode != "exhaustive":
         keep = planner.baseline_keys(spec.num_layers, space, cluster.num_devices)
+        keep |= {k.as_tuple() for k in options.measure_stages}
         pruner = planner.StagePruner(spec, cluster, options, space, options.prune_margin, keep=keep)
         for known_key, result in known.items():
             pruner.add([known_key], result)
