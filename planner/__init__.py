@@ -10,7 +10,12 @@ from planner.choices import config_choices, logical_meshes, submesh_choices
 from planner.comm import boundary_bytes, transfer_seconds
 from planner.dp import DPResult, inference_dp, training_dp
 from planner.errors import NoFeasiblePlan
-from planner.estimate import StageEstimator, is_layer_profile, layer_profile_keys
+from planner.estimate import (
+    StageEstimator,
+    is_layer_profile,
+    layer_profile_keys,
+    with_layer_profiles,
+)
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
 from planner.remat import remat_worth_measuring, room_needed
@@ -54,4 +59,5 @@ __all__ = [
     "submesh_choices",
     "training_dp",
     "transfer_seconds",
+    "with_layer_profiles",
 ]

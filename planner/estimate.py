@@ -7,24 +7,33 @@ the stage is
 
     q(a..b) = Σ_k q(k, k) + Σ_{k<b} [q(k, k+1) - q(k, k) - q(k+1, k+1)]
 
-the layers' own values plus what each boundary between two layers changes (a per-call
-overhead paid once instead of twice; an activation that is both an output and an input).
-It is exact for one and two layers. Peak memory is estimated the same way. What measured
-longer stages show is learned as it arrives: per submesh and config, the median ratio of
-measured to raw estimate scales later estimates (times and peak separately).
+the layers' own values plus what each boundary between two layers changes (an activation
+that is both an output and an input). It is exact for one and two layers; sizes and peak
+memory are estimated so, and the peak is scaled per submesh and config by the median ratio
+of measured to estimated over the longer stages measured so far. Times come from a fitted
+model instead (`planner.time_model`: a per-call overhead plus each layer's marginal time,
+fitted to the layer profiles by least squares, which does not amplify timing noise the way
+pairwise differences do), times a length law `(n / 2)^γ` for a stage of n > 2 layers, with
+γ learned from the longer stages measured so far (what they cost beyond their layers:
+caches, memory traffic; 0 until one is measured).
 """
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+from numpy.typing import NDArray
+
+from planner import time_model
 from planner.candidates import CandidateSpace
 from planner.table import Key
 from schemas import (
     ModuleKind,
     ModuleProfileResult,
     ProfileStatus,
+    StageKey,
     StageProfileResult,
     max_n_succ_stages,
 )
@@ -38,6 +47,7 @@ TIMED = (
 )
 # The additive stage-level quantities (attribute names of StageProfileResult).
 SIZES = ("initial_var_size", "intermediate_size", "weight_stash_size", "flops")
+MAX_EXPONENT = 1.0  # the length law's |γ| at most
 
 
 def is_layer_profile(key: Key) -> bool:
@@ -48,6 +58,37 @@ def is_layer_profile(key: Key) -> bool:
 def layer_profile_keys(space: CandidateSpace) -> list[Key]:
     """The candidates that are layer profiles, in the space's order."""
     return [k.as_tuple() for k in space.keys if is_layer_profile(k.as_tuple())]
+
+
+def with_layer_profiles(
+    space: CandidateSpace, layer_fingerprints: Sequence[str]
+) -> tuple[CandidateSpace, list[Key]]:
+    """The space with the layer profiles its estimates need, and the stages to measure
+    directly instead of estimating.
+
+    A submesh using every device holds only the whole model (Alpa's rule), so it has no
+    layer profiles of its own. Where measuring its distinct layers and adjacent pairs
+    compiles fewer layers than the whole model, they are added (no plan uses them but the
+    one-stage plan's estimate); otherwise its whole-model stages are measured directly."""
+    num_layers = len(layer_fingerprints)
+    singles = len(set(layer_fingerprints))
+    pairs = len(set(zip(layer_fingerprints, layer_fingerprints[1:], strict=False)))
+    keys = list(space.keys)
+    have = {k.as_tuple() for k in keys}
+    direct: list[Key] = []
+    for m in range(len(space.submeshes)):
+        own = [k for k in have if k[2] == m]
+        if not own or any(is_layer_profile(k) for k in own) or num_layers <= 2:
+            continue
+        if singles + 2 * pairs >= num_layers:
+            direct += sorted(k for k in own if (k[0], k[1]) == (0, num_layers - 1))
+            continue
+        for c in range(len(space.configs[m])):
+            for a in range(num_layers):
+                for b in (a, a + 1):
+                    if b < num_layers and (a, b, m, c) not in have:
+                        keys.append(StageKey(start=a, end=b, submesh_id=m, config_id=c))
+    return CandidateSpace(space.submeshes, space.configs, keys), direct
 
 
 @dataclass(frozen=True)
@@ -79,10 +120,94 @@ class StageEstimator:
 
     space: CandidateSpace
     available_memory: int
+    # each layer's class: layers of one class (equal fingerprints) cost the same
+    layer_classes: Sequence[int]
     results: dict[Key, StageProfileResult] = field(default_factory=dict)
+    _fits: dict[tuple[int, int, ModuleKind], NDArray[np.float64] | None] = field(
+        default_factory=dict
+    )
 
     def add(self, key: Key, result: StageProfileResult) -> None:
         self.results[key] = result
+        for kind in TIMED:
+            self._fits.pop((key[2], key[3], kind), None)
+
+    def _fit(self, m: int, c: int, kind: ModuleKind) -> NDArray[np.float64] | None:
+        """The time model of one module on submesh `m`, config `c`, fitted to its layer
+        profiles (planner.time_model)."""
+        cached = (m, c, kind)
+        if cached in self._fits:
+            return self._fits[cached]
+        rows = []
+        for key, result in self.results.items():
+            if key[2:] != (m, c) or not is_layer_profile(key) or not result.ok:
+                continue
+            module = result.module(kind)
+            if module is not None:
+                rows.append((key[0], key[1], module.compute_cost))
+        num_classes = max(self.layer_classes, default=-1) + 1
+        coef = time_model.fit(rows, self.layer_classes, num_classes)
+        self._fits[cached] = coef
+        return coef
+
+    def modelled_time(self, key: Key, kind: ModuleKind) -> float:
+        """The module's time of the stage from its layer profiles alone (NaN: cannot)."""
+        coef = self._fit(key[2], key[3], kind)
+        if coef is None:
+            return float("nan")
+        return time_model.predict(coef, self.layer_classes, key[0], key[1])
+
+    def length_exponent(self, without: str | None = None) -> float:
+        """γ of the length law `t = modelled × (n / 2)^γ` for a stage of n > 2 layers: the
+        median of log(measured / modelled) / log(n / 2) over the measured longer stages
+        (0 when none), each distinct stage once (`without`: leaving out the stage of that
+        fingerprint): what longer stages cost beyond their layers (caches, memory
+        traffic), learned as they are measured."""
+        samples = []
+        for key, result in self._longer_stages():
+            n = key[1] - key[0] + 1
+            if without is not None and result.fingerprint == without:
+                continue
+            modelled = sum(
+                self.modelled_time(key, k) for k in (ModuleKind.forward, ModuleKind.backward)
+            )
+            if math.isfinite(modelled) and modelled > 0 and result.compute_cost > 0:
+                samples.append(math.log(result.compute_cost / modelled) / math.log(n / 2))
+        if not samples:
+            return 0.0
+        return min(MAX_EXPONENT, max(-MAX_EXPONENT, statistics.median(samples)))
+
+    def _longer_stages(self) -> list[tuple[Key, StageProfileResult]]:
+        """One key per distinct measured ok stage of more than two layers."""
+        seen: dict[str, tuple[Key, StageProfileResult]] = {}
+        for key, result in self.results.items():
+            if not is_layer_profile(key) and result.ok:
+                seen.setdefault(result.fingerprint, (key, result))
+        return list(seen.values())
+
+    def fitted_time(self, key: Key, kind: ModuleKind, exponent: float | None = None) -> float:
+        """The module's estimated time of the stage (NaN when it cannot be estimated)."""
+        modelled = self.modelled_time(key, kind)
+        n = key[1] - key[0] + 1
+        if n <= 2:
+            return modelled
+        gamma = self.length_exponent() if exponent is None else exponent
+        return modelled * (n / 2) ** gamma
+
+    def held_out_errors(self) -> list[float]:
+        """|estimate - measured| / measured of forward + backward of each measured longer
+        stage, with the length law learned from the others (leave one out)."""
+        out = []
+        for key, result in self._longer_stages():
+            gamma = self.length_exponent(without=result.fingerprint)
+            est = sum(
+                self.fitted_time(key, kind, gamma)
+                for kind in (ModuleKind.forward, ModuleKind.backward)
+            )
+            error = relative_error(est, result.compute_cost)
+            if math.isfinite(error):
+                out.append(error)
+        return out
 
     def raw(self, key: Key) -> Quantities | None:
         """The additive estimate before correction; None when a layer profile it needs is
@@ -110,7 +235,8 @@ class StageEstimator:
     def corrections(self) -> dict[tuple[int, int] | None, tuple[float, float]]:
         """(time, peak) scale per (submesh, config): the median measured / raw over its
         measured longer stages; under None, over every submesh's (used where a submesh and
-        config has none; absent when no longer stage is measured: no correction)."""
+        config has none; absent when no longer stage is measured: no correction). Times
+        come from the time model; the time scale is what the additive raw estimate misses."""
         by_mesh: dict[tuple[int, int] | None, list[tuple[float, float]]] = {}
         for key, result in self.results.items():
             if is_layer_profile(key) or not result.ok:
@@ -134,6 +260,7 @@ class StageEstimator:
         key: Key,
         fingerprint: str = "",
         corrections: Mapping[tuple[int, int] | None, tuple[float, float]] | None = None,
+        exponent: float | None = None,
     ) -> StageProfileResult | None:
         """The stage's estimated result (status ok), or None when it cannot be estimated.
         Times are never below the measured layers' largest (a stage takes at least as long
@@ -143,9 +270,13 @@ class StageEstimator:
             return None
         a, b, m, c = key
         corr = self.corrections() if corrections is None else corrections
-        t_scale, p_scale = corr.get((m, c), corr.get(None, (1.0, 1.0)))
+        _, p_scale = corr.get((m, c), corr.get(None, (1.0, 1.0)))
         submesh, config = self.space.resolve(key)
-        times = {k: max(0.0, v * t_scale) for k, v in raw.times.items()}
+        gamma = self.length_exponent() if exponent is None else exponent
+        times = {}
+        for kind, additive in raw.times.items():
+            fitted = self.fitted_time(key, kind, gamma)
+            times[kind] = max(0.0, fitted if math.isfinite(fitted) else additive)
         peak = max(0, int(raw.peak * p_scale))
         sizes = {k: max(0.0, v) for k, v in raw.sizes.items()}
         for k in range(a, b + 1):
@@ -210,10 +341,11 @@ class StageEstimator:
         """Estimates of every key that has none measured and can be estimated."""
         out = {}
         corr = self.corrections()
+        gamma = self.length_exponent()
         for key in keys:
             if key in self.results:
                 continue
-            est = self.estimate(key, (fingerprints or {}).get(key, ""), corr)
+            est = self.estimate(key, (fingerprints or {}).get(key, ""), corr, gamma)
             if est is not None:
                 out[key] = est
         return out

@@ -8,8 +8,10 @@ can beat it by more than the band: the search stops. Otherwise the unmeasured st
 plan (and of the plans within the band of it) are what to measure next.
 
 The band is learned in the job: the relative errors |estimate - measured| / measured of the
-stages measured after being estimated; the band is their upper quartile (a prior until three
-are known), never under `MIN_BAND`.
+measured longer stages, each estimated from every other measurement (held out); the band is
+their upper quartile (a prior until three are known), never under `MIN_BAND`. The error the
+job reports is the honest one: each stage's estimate when it was chosen, against its
+measurement.
 """
 
 import logging
@@ -59,7 +61,9 @@ class EstimateSearch:
     stopped: str = ""
 
     def __post_init__(self) -> None:
-        self.estimator = StageEstimator(self.space, self.cluster.device_memory_bytes)
+        classes: dict[str, int] = {}
+        layer_classes = [classes.setdefault(x.fingerprint, len(classes)) for x in self.spec.layers]
+        self.estimator = StageEstimator(self.space, self.cluster.device_memory_bytes, layer_classes)
 
     @property
     def measured(self) -> dict[Key, StageProfileResult]:
@@ -80,7 +84,10 @@ class EstimateSearch:
         return [e for e in out if math.isfinite(e)]
 
     def band(self) -> float:
-        errors = self.errors()
+        """How far below its estimate an unmeasured stage may be: the upper quartile of the
+        held-out errors of the measured longer stages (each estimated from all the others),
+        the prior until three are known, never under MIN_BAND."""
+        errors = self.estimator.held_out_errors()
         if len(errors) < 3:
             return max(PRIOR_BAND, max(errors, default=0.0))
         return max(MIN_BAND, float(np.quantile(errors, 0.75)))

@@ -55,6 +55,8 @@ class EstimateLoop:
     phase: MeasuringPhase
     keys_by_fp: dict[str, list[StageKey]]
     order: Callable[[list[str]], list[str]]
+    # stages measured with the layer profiles instead of estimated (planner.with_layer_profiles)
+    direct: list[Key]
 
     def __post_init__(self) -> None:
         self.search = planner.EstimateSearch(self.spec, self.cluster, self.options, self.space)
@@ -85,7 +87,7 @@ class EstimateLoop:
                     wanted, self.keys_by_fp, self.space.submeshes, sink, stats, keeper, ledger
                 )
 
-        required = {k.as_tuple() for k in self.options.measure_stages}
+        required = {k.as_tuple() for k in self.options.measure_stages} | set(self.direct)
         asked = [
             fp for fp in to_measure if any(k.as_tuple() in required for k in self.keys_by_fp[fp])
         ]

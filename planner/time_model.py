@@ -1,0 +1,66 @@
+"""A stage's module time as a per-call overhead plus its layers' marginal times.
+
+On one submesh and config, a module (forward, backward, ...) of layers a..b takes
+
+    t(a..b) = o + Σ_{k=a..b} μ[class(k)]
+
+where layers of equal fingerprint share a class (identical blocks cost the same) and `o` is
+what one call of a compiled program costs beyond its layers. The unknowns are fitted to
+every measured stage of that submesh and config (layer profiles first, longer stages as
+they arrive) by least squares on relative error, with no negative coefficient (an active
+set: a coefficient fitted negative is fixed at zero and the rest refitted). One and two
+layer stages alone determine it; longer stages correct what short ones mis-measure, and the
+fit never amplifies the noise of a single pair the way a pairwise difference does.
+"""
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+def class_counts(
+    classes: Sequence[int], start: int, end: int, num_classes: int
+) -> NDArray[np.float64]:
+    """How many layers of each class the range start..end holds."""
+    return np.bincount(np.asarray(classes[start : end + 1]), minlength=num_classes).astype(
+        np.float64
+    )
+
+
+def fit(
+    rows: Iterable[tuple[int, int, float]], classes: Sequence[int], num_classes: int
+) -> NDArray[np.float64] | None:
+    """`[o, μ_0, ..., μ_{n-1}]` from measured `(start, end, seconds)`; NaN for a class no
+    measured stage holds; None when nothing was measured."""
+    data = [(a, b, t) for a, b, t in rows if t > 0 and np.isfinite(t)]
+    if not data:
+        return None
+    x = np.array([[1.0, *class_counts(classes, a, b, num_classes)] for a, b, _ in data])
+    y = np.array([t for _, _, t in data])
+    x, y = x / y[:, None], np.ones_like(y)  # relative error: each row divided by its time
+    seen = np.flatnonzero(x[:, 1:].sum(axis=0) > 0) + 1
+    active = [0, *seen.tolist()]
+    coef = np.zeros(num_classes + 1)
+    for _ in range(num_classes + 2):
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        negative = [j for j, v in zip(active, sol, strict=True) if v < 0]
+        active = [j for j in active if j not in negative]
+        if not active:
+            break
+    unseen = np.ones(num_classes + 1, dtype=bool)
+    unseen[[0, *seen.tolist()]] = False
+    coef[unseen] = np.nan
+    return coef
+
+
+def predict(coef: NDArray[np.float64], classes: Sequence[int], start: int, end: int) -> float:
+    """The fitted time of start..end; NaN when it holds a class never measured."""
+    counts = class_counts(classes, start, end, len(coef) - 1)
+    mu = coef[1:]
+    if np.isnan(mu[counts > 0]).any():
+        return float("nan")
+    return float(coef[0] + counts[counts > 0] @ mu[counts > 0])

@@ -1,0 +1,160 @@
+"""The estimate search (planner.verify) against the exhaustive optimum on synthetic tables.
+
+Every candidate's "true" result is made up by a cost law; the search sees only what it asks
+to measure: the layer profiles first, then the stages each round asks for. The reference is
+`build_plan` on the whole true table (what measuring every candidate would give)."""
+
+import math
+
+import pytest
+
+from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
+from planner.estimate import StageEstimator, is_layer_profile
+from planner.table import Key
+from planner.time_model import fit, predict
+from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
+from tests.planner.helpers import programless_chain_spec
+from tests.support.profiles import fake_profile
+
+CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=4)
+CLASSES = ["embed"] + ["block"] * 10 + ["head"]
+COST = {"embed": 0.2e-3, "block": 1.0e-3, "head": 0.6e-3}
+OVERHEAD = 0.15e-3
+
+
+def _spec(classes: list[str] = CLASSES) -> ModelSpec:
+    """A chain of layers whose fingerprints are `classes` (equal: identical layers)."""
+    spec = programless_chain_spec(len(classes))
+    layers = [x.model_copy(update={"fingerprint": f}) for x, f in zip(spec.layers, classes, strict=True)]
+    return spec.model_copy(update={"layers": layers})
+
+
+def _options(schedule: str = "1f1b") -> PlanOptions:
+    return PlanOptions(
+        num_microbatches=8,
+        config_space="data_parallel_only",
+        strategies=["data"],
+        schedule=schedule,  # type: ignore[arg-type]
+        remat="as_written",
+    )
+
+
+def _truth(key: Key, devices: int, slower: dict[Key, float]) -> StageProfileResult:
+    """The cost law: a per-call overhead plus each layer's time, split over the devices
+    with some loss; times `slower[key]` for the stages made far off."""
+    a, b, _, _ = key
+    forward = OVERHEAD + sum(COST[c] for c in CLASSES[a : b + 1]) / devices**0.5
+    forward *= slower.get(key, 1.0)
+    n = b - a + 1
+    return fake_profile(
+        f"{key}",
+        forward=forward,
+        backward=2 * forward,
+        num_layers=n,
+        initial_var_size=400 * n,
+        intermediate_size=100 * n,
+        max_n_succ_stages=100,
+    )
+
+
+def _run(
+    schedule: str, slower: dict[Key, float] | None = None
+) -> tuple[EstimateSearch, dict[Key, StageProfileResult], list[list[Key]]]:
+    spec, options = _spec(), _options(schedule)
+    space, direct = with_layer_profiles(
+        enumerate_candidates(spec, CLUSTER, options), [x.fingerprint for x in spec.layers]
+    )
+    truth = {
+        k.as_tuple(): _truth(k.as_tuple(), space.submeshes[k.submesh_id].num_devices, slower or {})
+        for k in space.keys
+    }
+    search = EstimateSearch(spec, CLUSTER, options, space)
+    for key in [k for k in truth if is_layer_profile(k)] + direct:
+        search.add([key], truth[key])
+    rounds = []
+    while keys := search.next_round():
+        rounds.append(keys)
+        for key in keys:
+            search.add([key], truth[key])
+    return search, truth, rounds
+
+
+def _stages(plan_stages: list) -> list[Key]:  # type: ignore[type-arg]
+    return [(s.start, s.end, s.submesh_id, s.config_id) for s in plan_stages]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "auto"])
+def test_exact_estimates_give_the_exhaustive_optimum(schedule: str) -> None:
+    search, truth, _ = _run(schedule)
+    plan = search.plan()
+    reference = build_plan(_spec(), CLUSTER, _options(schedule), search.space, truth)
+    assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)
+    assert all(s.measured for s in plan.stages)
+    assert plan.search is not None and plan.search.estimated > 0
+    assert len(search.measured) < len(truth)  # it did not measure everything
+
+
+def test_the_search_stops_with_measured_stages_only() -> None:
+    search, _, rounds = _run("1f1b")
+    plan = search.plan()
+    assert all(_key in search.measured for _key in _stages(plan.stages))
+    assert search.stopped == "the best plan is measured"
+    assert search.rounds == len(rounds)
+
+
+def test_a_far_off_estimate_is_measured_and_the_plan_changes() -> None:
+    exact, _, _ = _run("1f1b")
+    chosen = [k for k in _stages(exact.plan().stages) if not is_layer_profile(k)]
+    assert chosen, "the exact plan should hold a stage longer than two layers"
+    bad = chosen[0]
+    search, truth, rounds = _run("1f1b", slower={bad: 3.0})
+    plan = search.plan()
+    assert bad in search.measured  # it was in the best plan on the estimates: measured
+    assert any(bad in keys for keys in rounds)
+    assert bad not in _stages(plan.stages)  # and, 3x slower than estimated, dropped
+    reference = build_plan(_spec(), CLUSTER, _options(), search.space, truth)
+    assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)
+    assert plan.search is not None and plan.search.estimate_error_max is not None
+    assert plan.search.estimate_error_max > 0.5  # the far-off stage is in the reported error
+
+
+def test_time_model_is_exact_on_its_own_law() -> None:
+    classes = [0, 1, 1, 1, 2]
+    mu = [0.2, 1.0, 0.6]
+
+    def law(a: int, b: int) -> float:
+        return 0.15 + sum(mu[c] for c in classes[a : b + 1])
+
+    rows = [(a, b, law(a, b)) for a in range(5) for b in (a, a + 1) if b < 5]
+    coef = fit(rows, classes, 3)
+    assert coef is not None
+    assert math.isclose(predict(coef, classes, 0, 4), law(0, 4), rel_tol=1e-9)
+    assert math.isnan(predict(fit(rows[:1], classes, 3), classes, 0, 4))  # type: ignore[arg-type]
+
+
+def test_layer_profiles_are_added_on_the_whole_cluster_only_where_cheaper() -> None:
+    short = ["embed"] + ["block"] * 6 + ["head"]
+    space = enumerate_candidates(_spec(short), CLUSTER, _options())
+    whole = [m for m, s in enumerate(space.submeshes) if s.num_devices == 4]
+    more, direct = with_layer_profiles(space, short)
+    # 3 distinct layers and 3 distinct pairs compile 9 layers, over the 8 of the model
+    assert direct == [(0, 7, whole[0], 0)] and len(more.keys) == len(space.keys)
+    long = ["embed"] + ["block"] * 16 + ["head"]
+    space = enumerate_candidates(_spec(long), CLUSTER, _options())
+    more, direct = with_layer_profiles(space, long)
+    added = {k.as_tuple() for k in more.keys} - {k.as_tuple() for k in space.keys}
+    assert not direct and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
+    assert len(added) == 18 + 17  # every single and adjacent pair on the whole cluster
+
+
+def test_estimates_add_sizes_exactly() -> None:
+    search, truth, _ = _run("1f1b")
+    estimator: StageEstimator = search.estimator
+    for key, true in truth.items():
+        if key in search.measured:
+            continue
+        est = estimator.estimate(key)
+        assert est is not None
+        assert est.intermediate_size == true.intermediate_size
+        assert est.initial_var_size == true.initial_var_size
+        assert math.isclose(est.compute_cost, true.compute_cost, rel_tol=1e-6)
