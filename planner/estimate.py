@@ -20,7 +20,7 @@ caches, memory traffic; 0 until one is measured).
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -335,33 +335,9 @@ class StageEstimator:
             estimate_bytes=None,
         )
 
-    def estimate_all(
-        self, keys: Iterable[Key], fingerprints: Mapping[Key, str] | None = None
-    ) -> dict[Key, StageProfileResult]:
-        """Estimates of every key that has none measured and can be estimated."""
-        out = {}
-        corr = self.corrections()
-        gamma = self.length_exponent()
-        for key in keys:
-            if key in self.results:
-                continue
-            est = self.estimate(key, (fingerprints or {}).get(key, ""), corr, gamma)
-            if est is not None:
-                out[key] = est
-        return out
-
 
 def _stage_time(q: Quantities) -> float:
     return q.times.get(ModuleKind.forward, math.inf) + q.times.get(ModuleKind.backward, math.inf)
-
-
-def scaled(result: StageProfileResult, factor: float) -> StageProfileResult:
-    """The estimate with every module time times `factor` (an optimistic bound: < 1)."""
-    modules = tuple(
-        m.model_copy(update={"compute_cost": m.compute_cost * factor})
-        for m in result.module_profile_results
-    )
-    return result.model_copy(update={"module_profile_results": modules})
 
 
 def relative_error(estimate: float, measured: float) -> float:

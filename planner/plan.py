@@ -95,6 +95,7 @@ def build_plan(
     options: PlanOptions,
     space: CandidateSpace,
     results: Mapping[Key, StageProfileResult] | Mapping[StageKey, StageProfileResult],
+    table: CostTable | None = None,
 ) -> Plan:
     """Search each schedule asked for on the measured results and describe the best plan.
 
@@ -107,11 +108,13 @@ def build_plan(
     the baselines (1F1B), the `ManualStageOption` export (not for interleaved: Alpa has no
     form for chunks sharing devices) and the stability verdict (the
     runner-up's gap against the measured spread). Raises `NoFeasiblePlan` with the reason
-    when no schedule has a plan.
+    when no schedule has a plan. `table`: the cost table to plan on, when the caller built
+    it (e.g. with estimates filled in); `results` are then not read.
     """
     num_devices, num_layers = cluster.num_devices, spec.num_layers
     micro = options.num_microbatches
-    table = build_cost_table(spec, cluster, space, results, options.include_communication)
+    if table is None:
+        table = build_cost_table(spec, cluster, space, results, options.include_communication)
     ranks = config_ranks(space)
     names = AUTO_ORDER if options.schedule == "auto" else (options.schedule,)
     began = time.perf_counter()

@@ -38,7 +38,7 @@ class CostTable:
     comm_forward: NDArray[np.float64]
     comm_backward: NDArray[np.float64]
     max_n_succ_stages: NDArray[np.int64]
-    results: dict[Key, StageProfileResult]
+    results: Mapping[Key, StageProfileResult]
     statuses: dict[Key, str]
     num_missing: int
     input_grad: NDArray[np.float64]

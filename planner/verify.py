@@ -14,6 +14,7 @@ job reports is the honest one: each stage's estimate when it was chosen, against
 measurement.
 """
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -23,11 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.candidates import CandidateSpace
-from planner.estimate import StageEstimator, is_layer_profile, relative_error, scaled
+from planner.estimate import StageEstimator, is_layer_profile, relative_error
+from planner.estimate_table import EstimatedTable, estimated_table
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
 from planner.search import Proposal, search_schedule
-from planner.table import Key, build_cost_table
+from planner.table import CostTable, Key, build_cost_table
 from schemas import (
     ClusterSpec,
     ModelSpec,
@@ -92,31 +94,46 @@ class EstimateSearch:
             return max(PRIOR_BAND, max(errors, default=0.0))
         return max(MIN_BAND, float(np.quantile(errors, 0.75)))
 
-    def estimates(self, keys: Iterable[Key] | None = None) -> dict[Key, StageProfileResult]:
-        """Point estimates of every unmeasured candidate that can be estimated."""
-        wanted = [k.as_tuple() for k in self.space.keys] if keys is None else list(keys)
-        return self.estimator.estimate_all(wanted)
+    def candidates(self) -> set[Key]:
+        return {k.as_tuple() for k in self.space.keys}
 
-    def optimistic(self) -> dict[Key, StageProfileResult]:
-        """Measured results and, for the rest, each estimate at its optimistic bound."""
-        estimates = self.estimates()
-        measured = self.measured
-        table = build_cost_table(self.spec, self.cluster, self.space, measured)
-        known = np.where(np.isfinite(table.compute_cost), table.compute_cost, 0.0)
-        bounds = range_lower_bounds(known)
-        factor = 1.0 - self.band()
-        out: dict[Key, StageProfileResult] = dict(measured)
-        for key, est in estimates.items():
-            t = est.compute_cost
-            f = max(factor, float(bounds[key]) / t) if t > 0 else factor
-            out[key] = scaled(est, f)
-        return out
-
-    def proposals(self, results: Mapping[Key, StageProfileResult]) -> list[Proposal]:
-        """Every schedule's proposals on these results, fastest first."""
-        table = build_cost_table(
-            self.spec, self.cluster, self.space, results, self.options.include_communication
+    def point_table(self) -> EstimatedTable:
+        """Measured results and every other candidate's estimate, as a cost table."""
+        measured = build_cost_table(
+            self.spec, self.cluster, self.space, self.measured, self.options.include_communication
         )
+        return estimated_table(self.estimator, measured, self.candidates(), self.spec.num_layers)
+
+    def point_costs(self, point: EstimatedTable | None = None) -> dict[Key, float]:
+        """forward + backward of every estimated (unmeasured) candidate."""
+        point = self.point_table() if point is None else point
+        total = point.table.forward + point.table.backward
+        return {k: float(total[k]) for k in point.estimated}
+
+    def optimistic_table(self, point: EstimatedTable) -> CostTable:
+        """Each estimated stage's times at its optimistic bound: the larger of (1 - band) x
+        its estimate and the largest measured time of a sub-range (provable)."""
+        table = point.table
+        measured_cost = np.where(np.isfinite(table.compute_cost), table.compute_cost, 0.0)
+        mask = np.zeros(table.forward.shape, dtype=bool)
+        for key in point.estimated:
+            mask[key] = True
+        measured_cost = np.where(mask, 0.0, measured_cost)
+        bounds = range_lower_bounds(measured_cost)
+        est = np.where(mask, table.compute_cost, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = np.maximum(1.0 - self.band(), np.where(est > 0, bounds / est, 0.0))
+        factor = np.where(mask, np.minimum(factor, 1.0e6), 1.0)
+        return dataclasses.replace(
+            table,
+            forward=table.forward * factor,
+            backward=table.backward * factor,
+            input_grad=table.input_grad * factor,
+            weight_grad=table.weight_grad * factor,
+        )
+
+    def proposals(self, table: CostTable) -> list[Proposal]:
+        """Every schedule's proposals on this table, fastest first."""
         ranks = config_ranks(self.space)
         names = AUTO_ORDER if self.options.schedule == "auto" else (self.options.schedule,)
         found: list[Proposal] = []
@@ -139,7 +156,8 @@ class EstimateSearch:
             self.stopped = f"stopped after {MAX_ROUNDS} rounds"
             return []
         self.rounds += 1
-        ranked = self.proposals(self.optimistic())
+        point = self.point_table()
+        ranked = self.proposals(self.optimistic_table(point))
         if not ranked:
             self.stopped = "no plan is feasible on the estimates"
             return []
@@ -154,10 +172,10 @@ class EstimateSearch:
             if other.time > limit or len(wanted) >= len(best.keys) + NEW_PER_ROUND:
                 break
             wanted += [k for k in self._unmeasured(other.keys) if k not in wanted]
-        point = self.estimates(wanted)
+        costs = self.point_costs(point)
         for key in wanted:
-            if key in point:
-                self.estimated_at_choice[key] = point[key].compute_cost
+            if key in costs:
+                self.estimated_at_choice[key] = costs[key]
         logger.info(
             "round %d: best %.6g s (%d of %d stages unmeasured), measuring %d, band %.3f",
             self.rounds,
@@ -175,22 +193,21 @@ class EstimateSearch:
     def plan(self) -> Plan:
         """The plan: the fastest of measured stages; baselines and runner-up may hold
         estimated stages (marked). Annotated with each stage's estimate and the summary."""
-        measured = {k: r for k, r in self.measured.items()}
-        point = self.estimates()
-        plan = build_plan(self.spec, self.cluster, self.options, self.space, {**measured, **point})
-        if any(_key(st) not in measured for st in plan.stages):
+        point = self.point_table()
+        plan = build_plan(self.spec, self.cluster, self.options, self.space, {}, table=point.table)
+        if any(_key(st) not in self.measured for st in plan.stages):
             logger.info("the best plan on the estimates holds an unmeasured stage: measured only")
-            plan = build_plan(self.spec, self.cluster, self.options, self.space, measured)
-        return self._annotate(plan, point)
+            plan = build_plan(self.spec, self.cluster, self.options, self.space, self.measured)
+        return self._annotate(plan, self.point_costs(point))
 
-    def _annotate(self, plan: Plan, point: Mapping[Key, StageProfileResult]) -> Plan:
+    def _annotate(self, plan: Plan, point: Mapping[Key, float]) -> Plan:
         def mark(stages: list[PlannedStage]) -> list[PlannedStage]:
             out = []
             for st in stages:
                 key = _key(st)
                 est = self.estimated_at_choice.get(key)
                 if key in point:
-                    est = point[key].compute_cost
+                    est = point[key]
                 out.append(
                     st.model_copy(
                         update={"measured": key in self.measured, "estimated_cost_s": est}
@@ -211,10 +228,10 @@ class EstimateSearch:
             }
         )
 
-    def summary(self, point: Mapping[Key, StageProfileResult] | None = None) -> SearchSummary:
+    def summary(self, point: Mapping[Key, float] | None = None) -> SearchSummary:
         """What the search measured and how good its estimates were (distinct stages are
         counted once per submesh and config and range)."""
-        point = self.estimates() if point is None else point
+        point = self.point_costs() if point is None else point
         errors = self.errors()
         measured = [k for k, r in self.measured.items()]
         return SearchSummary(

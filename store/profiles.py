@@ -4,7 +4,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -202,24 +202,21 @@ def mark_estimated(session: Session, *, job_id: str, fingerprints: Iterable[str]
 
 def record_estimates(session: Session, *, job_id: str, estimates: Mapping[str, float]) -> int:
     """Store the job's estimate of forward + backward (seconds) of each stage fingerprint on
-    its candidates, measured or not; returns how many candidates got one."""
-    by_value: dict[float, list[str]] = {}
-    for fp, seconds in estimates.items():
-        by_value.setdefault(float(seconds), []).append(fp)
-    n = 0
-    for seconds, fps in by_value.items():
-        for i in range(0, len(fps), 500):
-            result = session.execute(
-                update(JobCandidateRow)
-                .where(
-                    JobCandidateRow.job_id == job_id,
-                    JobCandidateRow.fingerprint.in_(fps[i : i + 500]),
-                )
-                .values(estimated_cost=seconds)
-                .execution_options(synchronize_session=False)
-            )
-            n += int(result.rowcount)  # type: ignore[attr-defined]
-    return n
+    its candidates, measured or not (one executemany); returns how many fingerprints."""
+    if not estimates:
+        return 0
+    stmt = (
+        update(JobCandidateRow)
+        .where(
+            JobCandidateRow.job_id == job_id,
+            JobCandidateRow.fingerprint == bindparam("fp"),
+        )
+        .values(estimated_cost=bindparam("seconds"))
+        .execution_options(synchronize_session=False)
+    )
+    rows = [{"fp": fp, "seconds": float(v)} for fp, v in estimates.items()]
+    session.connection().execute(stmt, rows)
+    return len(rows)
 
 
 def record_result(

@@ -25,7 +25,8 @@ OVERHEAD = 0.15e-3
 def _spec(classes: list[str] = CLASSES) -> ModelSpec:
     """A chain of layers whose fingerprints are `classes` (equal: identical layers)."""
     spec = programless_chain_spec(len(classes))
-    layers = [x.model_copy(update={"fingerprint": f}) for x, f in zip(spec.layers, classes, strict=True)]
+    pairs = zip(spec.layers, classes, strict=True)
+    layers = [x.model_copy(update={"fingerprint": f}) for x, f in pairs]
     return spec.model_copy(update={"layers": layers})
 
 
@@ -158,3 +159,17 @@ def test_estimates_add_sizes_exactly() -> None:
         assert est.intermediate_size == true.intermediate_size
         assert est.initial_var_size == true.initial_var_size
         assert math.isclose(est.compute_cost, true.compute_cost, rel_tol=1e-6)
+
+
+def test_the_table_of_estimates_equals_the_estimates_one_by_one() -> None:
+    search, _, _ = _run("auto")
+    point = search.point_table()
+    assert point.estimated
+    for key in point.estimated:
+        one = search.estimator.estimate(key)
+        assert one is not None
+        assert math.isclose(point.table.forward[key], one.forward_cost, rel_tol=1e-9)
+        assert math.isclose(point.table.backward[key], one.backward_cost, rel_tol=1e-9)
+        assert point.table.intermediate[key] == one.intermediate_size
+        assert point.table.max_n_succ_stages[key] == one.max_n_succ_stages
+        assert point.table.results[key].forward_cost == one.forward_cost

@@ -8,15 +8,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from schemas import ClusterSpec, PlanOptions, ProfileStatus, StageKey
 from store import (
     CandidateIn,
+    JobCandidateRow,
     StageProfileRow,
     add_candidates,
     create_job,
     get_profile,
     job_results,
+    mark_estimated,
     mark_pruned,
     pending_fingerprints,
     profile_result,
     put_model,
+    record_estimates,
     record_result,
     refresh_progress,
     reusable_profiles,
@@ -151,3 +154,35 @@ def test_pruned_stages_count_as_done_without_a_profile(session: Session) -> None
     assert set(job_results(session, job_id=job.id)) == {(0, 0, 0, 0)}
     late = save_profile(session, result=profile("big"))
     assert record_result(session, job_id=job.id, profile=late, reused=False) == 0
+
+
+def test_estimated_stages_keep_their_estimate_and_count_as_done(session: Session) -> None:
+    model, _ = put_model(session, spec=tiny_spec())
+    job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())
+    keys = [StageKey(start=0, end=e, submesh_id=0, config_id=0) for e in range(3)]
+    add_candidates(
+        session,
+        job_id=job.id,
+        model_id=model.id,
+        candidates=[CandidateIn(k, f"s{k.end}", 1, "data") for k in keys],
+    )
+    record_result(
+        session, job_id=job.id, profile=save_profile(session, result=profile("s0")), reused=False
+    )
+    estimates = {"s0": 0.001, "s1": 0.002, "s2": 0.003}
+    assert record_estimates(session, job_id=job.id, estimates=estimates) == 3
+    assert mark_estimated(session, job_id=job.id, fingerprints=["s0", "s1"]) == 1  # s0: measured
+    mark_pruned(session, job_id=job.id, fingerprints=["s2"])
+    progress = refresh_progress(session, job_id=job.id)
+    assert (progress.done, progress.measured, progress.estimated, progress.pruned) == (3, 1, 1, 1)
+    rows = session.execute(
+        select(JobCandidateRow.fingerprint, JobCandidateRow.status, JobCandidateRow.estimated_cost)
+        .where(JobCandidateRow.job_id == job.id)
+        .order_by(JobCandidateRow.fingerprint)
+    ).all()
+    assert [tuple(r) for r in rows] == [
+        ("s0", "ok", 0.001),
+        ("s1", "estimated", 0.002),
+        ("s2", "pruned", 0.003),
+    ]
+    assert pending_fingerprints(session, job_id=job.id) == []

@@ -134,7 +134,7 @@ class EstimateLoop:
         assert summary is not None
         measured = {self.fp_of[k] for k in self.search.measured if k in self.fp_of}
         profiles = {fp for fp in measured if self._is_profile(fp)}
-        estimated = {self.fp_of[k] for k in self.search.estimates() if k in self.fp_of}
+        estimated = {self.fp_of[k] for k in self.search.point_costs() if k in self.fp_of}
         summary = summary.model_copy(
             update={
                 "layer_profiles": len(profiles),
@@ -153,24 +153,24 @@ class EstimateLoop:
     def _memory_could_bind(self) -> bool:
         """Whether some as-written stage, measured or estimated, lacks the room a schedule
         considered needs (then remat variants may be in the best plan)."""
-        results = {**self.search.estimates(), **self.search.measured}
-        for key, result in results.items():
+        table = self.search.point_table().table
+        for k in self.space.keys:
+            key = k.as_tuple()
             if self.space.is_remat(key):
                 continue
             need = planner.room_needed(
                 key, self.space, self.spec.num_layers, self.cluster.num_devices, self.options
             )
-            if not result.ok or result.max_n_succ_stages < need:
+            if int(table.max_n_succ_stages[key]) < need:
                 return True
         return False
 
     def _store_estimates(self, unmeasured: list[str], stats: JobStats) -> None:
         """Each candidate's estimate (what it was when chosen, for the measured ones) and the
         never-measured stages as `estimated`."""
-        point = self.search.estimates()
         by_fp: dict[str, float] = {}
-        for key, est in point.items():
-            by_fp.setdefault(self.fp_of[key], est.compute_cost)
+        for key, cost in self.search.point_costs().items():
+            by_fp.setdefault(self.fp_of[key], cost)
         for key, seconds in self.search.estimated_at_choice.items():
             by_fp[self.fp_of[key]] = seconds
         job_id = self.job_id

@@ -1,0 +1,228 @@
+"""Every stage's estimate at once, as the planner's `[L, L, S, C]` cost table.
+
+The same estimates as `StageEstimator.estimate` (see planner.estimate), computed with
+prefix sums over the layers instead of one stage at a time, so a round of the estimate
+search costs array operations, not a Python object per candidate. Measured stages keep
+their measured numbers; the estimated ones are filled in where the layer profiles allow.
+"""
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.estimate import StageEstimator, is_layer_profile
+from planner.table import CostTable, Key
+from schemas import ModuleKind, ProfileStatus, StageProfileResult, max_n_succ_stages
+
+FloatArray = NDArray[np.float64]
+MODULES = {
+    "forward": ModuleKind.forward,
+    "backward": ModuleKind.backward,
+    "input_grad": ModuleKind.backward_input,
+    "weight_grad": ModuleKind.backward_weight,
+}
+SIZE_FIELDS = ("initial_var_size", "intermediate_size", "weight_stash_size")
+
+
+def _additive(singles: FloatArray, pairs: FloatArray) -> FloatArray:
+    """`[L, L]`: Σ singles over a..b plus Σ (pair - its two singles) over the boundaries;
+    NaN where a value it needs is NaN."""
+    num = len(singles)
+    bad1 = np.concatenate([[0], np.cumsum(np.isnan(singles))])
+    delta = pairs - singles[:-1] - singles[1:] if num > 1 else np.zeros(0)
+    bad2 = np.concatenate([[0], np.cumsum(np.isnan(delta))])
+    s1 = np.concatenate([[0.0], np.cumsum(np.nan_to_num(singles))])
+    d = np.concatenate([[0.0], np.cumsum(np.nan_to_num(delta))])
+    a, b = np.meshgrid(np.arange(num), np.arange(num), indexing="ij")
+    out = s1[b + 1] - s1[a] + d[b] - d[np.minimum(a, b)]
+    invalid = (bad1[b + 1] - bad1[a] > 0) | (bad2[b] - bad2[np.minimum(a, b)] > 0) | (b < a)
+    return np.where(invalid, np.nan, out)
+
+
+def _range_max(values: FloatArray) -> FloatArray:
+    """`[L, L]`: the largest value over a..b (NaN propagates)."""
+    num = len(values)
+    out = np.full((num, num), np.nan)
+    out[np.arange(num), np.arange(num)] = values
+    for length in range(1, num):
+        a = np.arange(num - length)
+        out[a, a + length] = np.maximum(out[a, a + length - 1], values[a + length])
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatedTable:
+    """The cost table with estimates filled in, and which keys are estimates."""
+
+    table: CostTable
+    estimated: frozenset[Key]
+
+
+def estimated_table(
+    estimator: StageEstimator, measured: CostTable, candidates: set[Key], num_layers: int
+) -> EstimatedTable:
+    """`measured` (built from the measured results) with every unmeasured candidate that
+    can be estimated filled in."""
+    arrays = {
+        name: np.array(getattr(measured, name))
+        for name in (
+            "forward",
+            "backward",
+            "input_grad",
+            "weight_grad",
+            "max_n_succ_stages",
+            "free_bytes",
+            "intermediate",
+            "weight_stash",
+            "fixed_bytes",
+            "available",
+        )
+    }
+    gamma = estimator.length_exponent()
+    corrections = estimator.corrections()
+    n = np.arange(num_layers)
+    length = (n[None, :] - n[:, None] + 1).astype(np.float64)
+    law = np.where(length > 2, (np.maximum(length, 2) / 2) ** gamma, 1.0)
+    known = {k for k in estimator.results}
+    estimated: set[Key] = set()
+    results: dict[Key, StageProfileResult] = dict(measured.results)
+    lazy: dict[Key, tuple[int, int]] = {}
+    mesh_of: dict[tuple[int, int], dict[str, FloatArray]] = {}
+    for m, c in sorted({(k[2], k[3]) for k in candidates}):
+        wanted = [k for k in candidates if k[2:] == (m, c) and k not in known]
+        if not wanted:
+            continue
+        est = _mesh_estimates(estimator, m, c, num_layers, law, corrections)
+        if est is None:
+            continue
+        mesh_of[(m, c)] = est
+        for key in wanted:
+            a, b = key[0], key[1]
+            if not np.isfinite(est["forward"][a, b]) or not np.isfinite(est["backward"][a, b]):
+                continue
+            for name in ("forward", "backward", "input_grad", "weight_grad"):
+                value = est[name][a, b]
+                arrays[name][key] = value if np.isfinite(value) else np.inf
+            avail = float(estimator.available_memory)
+            fixed = est["peak"][a, b] + est["initial_var_size"][a, b]
+            inter = est["intermediate_size"][a, b]
+            arrays["available"][key] = avail
+            arrays["fixed_bytes"][key] = fixed
+            arrays["free_bytes"][key] = avail - fixed
+            arrays["intermediate"][key] = inter
+            arrays["weight_stash"][key] = est["weight_stash_size"][a, b]
+            arrays["max_n_succ_stages"][key] = _succ(avail, fixed, inter)
+            estimated.add(key)
+            lazy[key] = (m, c)
+    table = dataclasses.replace(
+        measured,
+        results=_LazyResults(results, lazy, mesh_of, estimator),
+        forward=arrays["forward"],
+        backward=arrays["backward"],
+        input_grad=arrays["input_grad"],
+        weight_grad=arrays["weight_grad"],
+        max_n_succ_stages=arrays["max_n_succ_stages"],
+        free_bytes=arrays["free_bytes"],
+        intermediate=arrays["intermediate"],
+        weight_stash=arrays["weight_stash"],
+        fixed_bytes=arrays["fixed_bytes"],
+        available=arrays["available"],
+    )
+    return EstimatedTable(table, frozenset(estimated))
+
+
+def _succ(available: float, fixed: float, intermediate: float) -> int:
+    return max_n_succ_stages(available, max(0.0, fixed), 0.0, max(0.0, intermediate))
+
+
+def _mesh_estimates(
+    estimator: StageEstimator,
+    m: int,
+    c: int,
+    num_layers: int,
+    law: FloatArray,
+    corrections: Mapping[tuple[int, int] | None, tuple[float, float]],
+) -> dict[str, FloatArray] | None:
+    """`[L, L]` arrays of one submesh and config: module times, peak and sizes."""
+    singles: dict[str, FloatArray] = {}
+    pairs: dict[str, FloatArray] = {}
+    fields = [*MODULES, "peak", *SIZE_FIELDS]
+    for name in fields:
+        singles[name] = np.full(num_layers, np.nan)
+        pairs[name] = np.full(max(0, num_layers - 1), np.nan)
+    for key, result in estimator.results.items():
+        if key[2:] != (m, c) or not is_layer_profile(key) or not result.ok:
+            continue
+        target = singles if key[0] == key[1] else pairs
+        for name, kind in MODULES.items():
+            module = result.module(kind)
+            target[name][key[0]] = module.compute_cost if module is not None else np.nan
+        target["peak"][key[0]] = float(result.peak_memory)
+        for name in SIZE_FIELDS:
+            target[name][key[0]] = float(getattr(result, name))
+    if np.isnan(singles["forward"]).all():
+        return None
+    out: dict[str, FloatArray] = {}
+    valid = ~np.isnan(_additive(singles["forward"], pairs["forward"]))
+    for name, kind in MODULES.items():
+        coef = estimator._fit(m, c, kind)
+        if coef is None:
+            out[name] = np.full((num_layers, num_layers), np.nan)
+            continue
+        out[name] = _modelled(coef, estimator.layer_classes, num_layers) * law
+        floor = _range_max(singles[name])
+        out[name] = np.where(valid, np.fmax(out[name], floor), np.nan)
+    _, p_scale = corrections.get((m, c), corrections.get(None, (1.0, 1.0)))
+    peak = _additive(singles["peak"], pairs["peak"]) * p_scale
+    out["peak"] = np.fmax(peak, _range_max(singles["peak"]))
+    for name in SIZE_FIELDS:
+        out[name] = np.maximum(_additive(singles[name], pairs[name]), 0.0)
+    return out
+
+
+def _modelled(coef: FloatArray, classes: Sequence[int], num_layers: int) -> FloatArray:
+    """`[L, L]`: o + Σ μ over a..b (NaN where a class was never measured; below the
+    diagonal meaningless)."""
+    onehot = np.zeros((num_layers, len(coef) - 1))
+    onehot[np.arange(num_layers), np.asarray(classes[:num_layers])] = 1.0
+    prefix = np.vstack([np.zeros(len(coef) - 1), np.cumsum(onehot, axis=0)])
+    counts = prefix[None, 1:, :] - prefix[:-1, None, :]  # [a, b, class]
+    mu = np.where(np.isnan(coef[1:]), 0.0, coef[1:])
+    missing = (counts[..., np.isnan(coef[1:])] > 0).any(axis=-1)
+    return np.where(missing, np.nan, coef[0] + counts @ mu)
+
+
+class _LazyResults(Mapping[Key, StageProfileResult]):
+    """Measured results, and estimated ones made when asked for (a plan's stages)."""
+
+    def __init__(
+        self,
+        measured: dict[Key, StageProfileResult],
+        lazy: dict[Key, tuple[int, int]],
+        mesh_of: dict[tuple[int, int], dict[str, FloatArray]],
+        estimator: StageEstimator,
+    ) -> None:
+        self._measured, self._lazy, self._mesh_of = measured, lazy, mesh_of
+        self._estimator = estimator
+        self._made: dict[Key, StageProfileResult] = {}
+
+    def __getitem__(self, key: Key) -> StageProfileResult:
+        if key in self._measured:
+            return self._measured[key]
+        if key not in self._lazy:
+            raise KeyError(key)
+        if key not in self._made:
+            made = self._estimator.estimate(key)
+            if made is None or made.status != ProfileStatus.ok:
+                raise KeyError(key)
+            self._made[key] = made
+        return self._made[key]
+
+    def __iter__(self) -> Iterator[Key]:
+        yield from self._measured
+        yield from (k for k in self._lazy if k not in self._measured)
+
+    def __len__(self) -> int:
+        return len(self._measured) + sum(1 for k in self._lazy if k not in self._measured)
