@@ -6,14 +6,8 @@ import time
 
 from rich.console import Console
 
-from cli.commands.plan_output import (
-    job_snapshot,
-    print_json_line,
-    print_plan,
-    print_stability,
-    progress_bar,
-    stats_of,
-)
+from cli.commands.plan_output import print_json_line, print_plan, print_stability, stats_of
+from cli.commands.progress_output import job_snapshot, progress_bar
 from cli.commands.trainer_output import print_trainer, trainer_json
 from cli.commands.zoo_args import parse_overrides
 from client.sdk import ApiError, StageprofClient

@@ -4,7 +4,7 @@ import io
 import time
 from types import SimpleNamespace
 
-from cli.commands.plan_output import plain_progress, progress_line
+from cli.commands.progress_output import plain_progress, progress_line
 
 
 def _job(status: str, total: int, done: int, **counts: int) -> SimpleNamespace:

@@ -23,6 +23,7 @@ from schemas import (
     PlanOptions,
     ProfileStatus,
     RunnerUpPlan,
+    SearchSummary,
     ShardingConfig,
     StageKey,
     StageProfileResult,
@@ -35,12 +36,15 @@ from store import (
     claim_job,
     create_job,
     finish_job,
+    mark_estimated,
     mark_pruned,
     put_model,
+    record_estimates,
     record_result,
     refresh_progress,
     save_profile,
     session_scope,
+    set_job_phase,
 )
 from tests.support.profiles import fake_profile
 
@@ -243,6 +247,63 @@ def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
     )
 
 
+# What `with_search` says an estimate search did.
+SEARCH = SearchSummary(
+    mode="estimate",
+    layer_profiles=10,
+    verified=2,
+    estimated=90,
+    rounds=2,
+    estimate_error_median=0.041,
+    estimate_error_max=0.098,
+    error_band=0.15,
+    compared=8,
+)
+ESTIMATE_ERROR = 0.05  # the estimates `with_search` and `seed_job(estimated=...)` give
+
+
+def with_search(plan: Plan) -> Plan:
+    """`plan` as an estimate search answers it: its stages measured, each with an estimate
+    5% above its time; the runner-up's last stage and the data-parallel baseline's one stage
+    (the whole model on both devices) estimated only; the summary `SEARCH`."""
+
+    def estimated(st: PlannedStage, measured: bool = True) -> PlannedStage:
+        cost = st.compute_cost * (1 + ESTIMATE_ERROR)
+        return st.model_copy(update={"measured": measured, "estimated_cost_s": cost})
+
+    runner_up = plan.runner_up
+    if runner_up is not None:
+        *head, last = runner_up.stages
+        stages = [*map(estimated, head), estimated(last, measured=False)]
+        runner_up = runner_up.model_copy(update={"stages": stages})
+    whole = _planned(0, plan.num_layers - 1, "whole")
+    whole = whole.model_copy(
+        update={"submesh_id": 1, "submesh": SubmeshShape(hosts=1, devices_per_host=2)}
+    )
+    baselines = [
+        b.model_copy(update={"stages": [estimated(whole, measured=False)]})
+        if b.name == "data_parallel"
+        else b
+        for b in plan.baselines
+    ]
+    return plan.model_copy(
+        update={
+            "stages": [estimated(st) for st in plan.stages],
+            "runner_up": runner_up,
+            "baselines": baselines,
+            "search": SEARCH,
+        }
+    )
+
+
+def _estimated_keys(
+    keys: list[tuple[int, int, int, int]], n: int
+) -> list[tuple[int, int, int, int]]:
+    """The last `n` stages of three layers or more on two devices: none is in `make_plan`'s
+    plan or runner-up (on one device) or fails."""
+    return [k for k in keys if k[1] - k[0] >= 2 and k[2] == 1][-n:] if n else []
+
+
 def seed_job(
     factory: sessionmaker[Session],
     *,
@@ -253,14 +314,20 @@ def seed_job(
     salt: str = "fp",
     name: str = "chain",
     pruned: int = 0,
+    estimated: int = 0,
+    phase: str | None = None,
 ) -> SeededJob:
     """A job of a `exported_chain_spec` model on a 1x2 cluster with every candidate added.
 
     `finished`: every candidate recorded (some failed) and a plan stored (status done).
     Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded
-    and the last `pruned` candidates pruned.
+    and the last `pruned` candidates pruned, in `phase` (e.g. "verification round 2").
+    `estimated`: as an estimate search, that many long stages on two devices are never
+    measured but estimated, every candidate has an estimate 5% above its made-up cost, and
+    the plan is `with_search`'s.
     """
     keys = _keys(num_layers)
+    never = set(_estimated_keys(keys, estimated))
     with session_scope(factory) as s:
         model, _ = put_model(s, spec=exported_chain_spec(num_layers, name=name))
         options = PlanOptions(num_microbatches=num_microbatches, strategies=["data", "megatron"])
@@ -287,6 +354,8 @@ def seed_job(
         )
         n_record = len(keys) if finished else int(len(keys) * recorded_fraction)
         for k in keys[:n_record]:
+            if k in never:
+                continue
             submesh, configs = SPACE[k[2]]
             mesh, strategy = configs[k[3]]
             failed = failed_key(*k, num_layers)
@@ -308,9 +377,18 @@ def seed_job(
         if pruned:
             fps = [_fingerprint(salt, k) for k in keys[n_record:][-pruned:]]
             mark_pruned(s, job_id=job.id, fingerprints=fps)
+        if estimated:
+            guesses = {
+                _fingerprint(salt, k): candidate_cost(*k) * (1 + ESTIMATE_ERROR) for k in keys
+            }
+            record_estimates(s, job_id=job.id, estimates=guesses)
+            mark_estimated(s, job_id=job.id, fingerprints=[_fingerprint(salt, k) for k in never])
+        if phase is not None:
+            set_job_phase(s, job_id=job.id, owner="test-runner", phase=phase)
         refresh_progress(s, job_id=job.id)
         plan = None
         if finished:
             plan = make_plan(num_layers, num_microbatches, salt)
+            plan = with_search(plan) if estimated else plan
             finish_job(s, job_id=job.id, owner="test-runner", status=JobStatus.done, plan=plan)
         return SeededJob(job.id, model.id, num_layers, len(keys), plan)
