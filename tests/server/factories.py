@@ -23,7 +23,6 @@ from schemas import (
     PlanOptions,
     ProfileStatus,
     RunnerUpPlan,
-    SearchSummary,
     ShardingConfig,
     StageKey,
     StageProfileResult,
@@ -46,6 +45,7 @@ from store import (
     session_scope,
     set_job_phase,
 )
+from tests.support.estimates import ESTIMATE_ERROR, with_search
 from tests.support.profiles import fake_profile
 
 # (submesh (hosts, devices), [(logical mesh, strategy), ...]) for a 1 x 2 cluster.
@@ -247,61 +247,27 @@ def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
     )
 
 
-# What `with_search` says an estimate search did.
-SEARCH = SearchSummary(
-    mode="estimate",
-    layer_profiles=10,
-    verified=2,
-    estimated=90,
-    rounds=2,
-    estimate_error_median=0.041,
-    estimate_error_max=0.098,
-    error_band=0.15,
-    compared=8,
-)
-ESTIMATE_ERROR = 0.05  # the estimates `with_search` and `seed_job(estimated=...)` give
+def _estimated_keys(num_layers: int, plan: Plan | None) -> set[tuple[int, int, int, int]]:
+    """What `seed_job(estimated=True)` never measures: the stages `with_search` marks
+    estimated (the runner-up's last, the whole model on two devices) and every other stage
+    of three layers or more on one device that is in neither the plan nor the runner-up
+    and does not fail."""
+    never = {(0, num_layers - 1, 1, 0)}
+    keep: set[tuple[int, int, int, int]] = set()
+    if plan is not None:
+        keep = {_stage_key(st) for st in plan.stages}
+        if plan.runner_up is not None:
+            keep |= {_stage_key(st) for st in plan.runner_up.stages[:-1]}
+            never.add(_stage_key(plan.runner_up.stages[-1]))
+    return never | {
+        k
+        for k in _keys(num_layers)
+        if k[2:] == (0, 0) and k[1] - k[0] >= 2 and k not in keep and not failed_key(*k, num_layers)
+    }
 
 
-def with_search(plan: Plan) -> Plan:
-    """`plan` as an estimate search answers it: its stages measured, each with an estimate
-    5% above its time; the runner-up's last stage and the data-parallel baseline's one stage
-    (the whole model on both devices) estimated only; the summary `SEARCH`."""
-
-    def estimated(st: PlannedStage, measured: bool = True) -> PlannedStage:
-        cost = st.compute_cost * (1 + ESTIMATE_ERROR)
-        return st.model_copy(update={"measured": measured, "estimated_cost_s": cost})
-
-    runner_up = plan.runner_up
-    if runner_up is not None:
-        *head, last = runner_up.stages
-        stages = [*map(estimated, head), estimated(last, measured=False)]
-        runner_up = runner_up.model_copy(update={"stages": stages})
-    whole = _planned(0, plan.num_layers - 1, "whole")
-    whole = whole.model_copy(
-        update={"submesh_id": 1, "submesh": SubmeshShape(hosts=1, devices_per_host=2)}
-    )
-    baselines = [
-        b.model_copy(update={"stages": [estimated(whole, measured=False)]})
-        if b.name == "data_parallel"
-        else b
-        for b in plan.baselines
-    ]
-    return plan.model_copy(
-        update={
-            "stages": [estimated(st) for st in plan.stages],
-            "runner_up": runner_up,
-            "baselines": baselines,
-            "search": SEARCH,
-        }
-    )
-
-
-def _estimated_keys(
-    keys: list[tuple[int, int, int, int]], n: int
-) -> list[tuple[int, int, int, int]]:
-    """The last `n` stages of three layers or more on two devices: none is in `make_plan`'s
-    plan or runner-up (on one device) or fails."""
-    return [k for k in keys if k[1] - k[0] >= 2 and k[2] == 1][-n:] if n else []
+def _stage_key(st: PlannedStage) -> tuple[int, int, int, int]:
+    return (st.start, st.end, st.submesh_id, st.config_id)
 
 
 def seed_job(
@@ -314,7 +280,7 @@ def seed_job(
     salt: str = "fp",
     name: str = "chain",
     pruned: int = 0,
-    estimated: int = 0,
+    estimated: bool = False,
     phase: str | None = None,
 ) -> SeededJob:
     """A job of a `exported_chain_spec` model on a 1x2 cluster with every candidate added.
@@ -322,12 +288,13 @@ def seed_job(
     `finished`: every candidate recorded (some failed) and a plan stored (status done).
     Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded
     and the last `pruned` candidates pruned, in `phase` (e.g. "verification round 2").
-    `estimated`: as an estimate search, that many long stages on two devices are never
-    measured but estimated, every candidate has an estimate 5% above its made-up cost, and
-    the plan is `with_search`'s.
+    `estimated`: as an estimate search, the stages `_estimated_keys` names are never measured
+    but estimated, every candidate has an estimate 5% above its made-up cost, and the plan
+    is `with_search`'s.
     """
     keys = _keys(num_layers)
-    never = set(_estimated_keys(keys, estimated))
+    plan = make_plan(num_layers, num_microbatches, salt) if finished else None
+    never = _estimated_keys(num_layers, plan) if estimated else set()
     with session_scope(factory) as s:
         model, _ = put_model(s, spec=exported_chain_spec(num_layers, name=name))
         options = PlanOptions(num_microbatches=num_microbatches, strategies=["data", "megatron"])
@@ -386,9 +353,7 @@ def seed_job(
         if phase is not None:
             set_job_phase(s, job_id=job.id, owner="test-runner", phase=phase)
         refresh_progress(s, job_id=job.id)
-        plan = None
-        if finished:
-            plan = make_plan(num_layers, num_microbatches, salt)
+        if plan is not None:
             plan = with_search(plan) if estimated else plan
             finish_job(s, job_id=job.id, owner="test-runner", status=JobStatus.done, plan=plan)
         return SeededJob(job.id, model.id, num_layers, len(keys), plan)
