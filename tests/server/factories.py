@@ -247,7 +247,7 @@ def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
     )
 
 
-def _estimated_keys(num_layers: int, plan: Plan | None) -> set[tuple[int, int, int, int]]:
+def estimated_keys(num_layers: int, plan: Plan | None) -> set[tuple[int, int, int, int]]:
     """What `seed_job(estimated=True)` never measures: the stages `with_search` marks
     estimated (the runner-up's last, the whole model on two devices) and every other stage
     of three layers or more on one device that is in neither the plan nor the runner-up
@@ -288,13 +288,13 @@ def seed_job(
     `finished`: every candidate recorded (some failed) and a plan stored (status done).
     Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded
     and the last `pruned` candidates pruned, in `phase` (e.g. "verification round 2").
-    `estimated`: as an estimate search, the stages `_estimated_keys` names are never measured
+    `estimated`: as an estimate search, the stages `estimated_keys` names are never measured
     but estimated, every candidate has an estimate 5% above its made-up cost, and the plan
     is `with_search`'s.
     """
     keys = _keys(num_layers)
     plan = make_plan(num_layers, num_microbatches, salt) if finished else None
-    never = _estimated_keys(num_layers, plan) if estimated else set()
+    never = estimated_keys(num_layers, plan) if estimated else set()
     with session_scope(factory) as s:
         model, _ = put_model(s, spec=exported_chain_spec(num_layers, name=name))
         options = PlanOptions(num_microbatches=num_microbatches, strategies=["data", "megatron"])
