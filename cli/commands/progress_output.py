@@ -95,10 +95,10 @@ def status_text(job: JobCounts) -> str:
 
 
 def job_phase(job: JobCounts) -> str | None:
-    """What a running job is doing ("layer profiles", "estimates", "verification round N"),
-    or None (not running, or a search that says nothing)."""
+    """What a profiling job is doing ("layer profiles", "estimates", "verification round N"),
+    or None (not profiling, or a search that says nothing)."""
     status = getattr(job, "status", None)
-    if str(getattr(status, "value", status)) in ("queued", "done", "failed", "cancelled"):
+    if str(getattr(status, "value", status)) != "profiling":
         return None
     phase = getattr(job, "phase", None)
     return str(phase) if phase else None

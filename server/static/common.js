@@ -99,12 +99,11 @@
     return p.done + "/" + p.distinct_stages + " stages · " + p.measured + " measured · " + p.reused + " reused · " + p.pruned + " pruned" + estimated + " · " + p.failed + " failed";
   };
 
-  // A running job's phase ("layer profiles", "verification round 2"...) in `elem`, hidden
+  // A profiling job's phase ("layer profiles", "verification round 2"...) in `elem`, hidden
   // when it has none.
   SP.showPhase = function (elem, job) {
     if (!elem) return;
-    const running = ["profiling", "planning"].includes(job.status);
-    const phase = running && job.phase ? job.phase : "";
+    const phase = job.status === "profiling" && job.phase ? job.phase : "";
     elem.textContent = phase;
     if (phase) elem.removeAttribute("hidden");
     else elem.setAttribute("hidden", "");
