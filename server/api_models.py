@@ -100,8 +100,16 @@ class ProfileRowOut(Out):
     config_id: int
     num_devices: int
     strategy: str
-    status: str | None = Field(description="ok or the failure kind; null while pending.")
+    status: str | None = Field(
+        description="ok or the failure kind; 'pruned' (skipped: it cannot be in a better "
+        "plan), 'estimated' (never measured: estimated from layer profiles); null while pending."
+    )
     compute_cost: float | None = Field(description="forward + backward, seconds.")
+    estimated_cost: float | None = Field(
+        description="The job's estimate of forward + backward from its layer profiles, "
+        "seconds (search: estimate): set on estimated candidates and on measured ones that "
+        "were estimated before being measured; null when the job made no estimate of it."
+    )
     forward_cost: float | None = Field(description="seconds")
     backward_cost: float | None = Field(description="seconds")
     peak_memory: int | None = Field(description="bytes per device")
@@ -140,7 +148,12 @@ class CostMatrixOut(Out):
     logical_mesh: tuple[int, int] | None = Field(description="(dp, tp).")
     label: str
     compute_cost: list[list[float | None]] = Field(
-        description="[start][end] forward + backward seconds; null if missing or failed."
+        description="[start][end] forward + backward seconds; null if missing, failed or "
+        "estimated only."
+    )
+    estimated_cost: list[list[float | None]] = Field(
+        description="[start][end] the job's estimate of forward + backward, seconds; null "
+        "where it made none (search: estimate only)."
     )
     status: list[list[str | None]] = Field(description="[start][end] status or null.")
 

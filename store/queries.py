@@ -231,8 +231,9 @@ class CostMatrix:
     """Stage cost by (start, end) of one (submesh_id, config_id) of a job.
 
     `compute_cost[start][end]` is forward + backward seconds, None where the candidate is
-    missing, pending or failed; `status[start][end]` says which. Labels come from the stored
-    profiles (None until one is recorded).
+    missing, pending, failed or estimated only; `status[start][end]` says which.
+    `estimated_cost[start][end]` is the job's estimate of it (search: estimate), None where
+    it made none. Labels come from the stored profiles (None until one is recorded).
     """
 
     submesh_id: int
@@ -242,6 +243,7 @@ class CostMatrix:
     submesh: tuple[int, int] | None = None
     logical_mesh: tuple[int, int] | None = None
     compute_cost: list[list[float | None]] = field(default_factory=list)
+    estimated_cost: list[list[float | None]] = field(default_factory=list)
     status: list[list[str | None]] = field(default_factory=list)
 
 
@@ -275,6 +277,7 @@ def cost_matrices(
             _C.strategy,
             _C.status,
             _C.compute_cost,
+            _C.estimated_cost,
             _P.submesh_hosts,
             _P.submesh_devices,
             _P.mesh_dp,
@@ -298,6 +301,7 @@ def cost_matrices(
                 num_devices=r.num_devices,
                 strategy=r.strategy,
                 compute_cost=[[None] * num_layers for _ in range(num_layers)],
+                estimated_cost=[[None] * num_layers for _ in range(num_layers)],
                 status=[[None] * num_layers for _ in range(num_layers)],
             )
             out[(r.submesh_id, r.config_id)] = m
@@ -306,6 +310,7 @@ def cost_matrices(
             m.logical_mesh = (r.mesh_dp, r.mesh_tp)
         if r.start < num_layers and r.end < num_layers:
             m.compute_cost[r.start][r.end] = r.compute_cost
+            m.estimated_cost[r.start][r.end] = r.estimated_cost
             m.status[r.start][r.end] = r.status or PENDING
     return list(out.values())
 

@@ -18,7 +18,7 @@ def field_default(model: type[BaseModel], name: str) -> Any:
 
 
 def field_argument(
-    parser: argparse.ArgumentParser,
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     flag: str,
     model: type[BaseModel],
     name: str,
@@ -48,6 +48,21 @@ def add_device_memory_argument(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=default,
         help="memory of one device, GiB (default: %(default)s)",
+    )
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """--search (`PlanOptions.search`) and --exhaustive, its shorthand for `--search
+    exhaustive`; one or the other."""
+    group = parser.add_mutually_exclusive_group()
+    field_argument(group, "--search", PlanOptions, "search")
+    group.add_argument(
+        "--exhaustive",
+        dest="search",
+        action="store_const",
+        const="exhaustive",
+        default=argparse.SUPPRESS,
+        help="measure every candidate (the same as --search exhaustive)",
     )
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from cli.commands.measure_args import (
     add_device_memory_argument,
     add_measurement_arguments,
+    add_search_arguments,
     field_argument,
     field_default,
     measurement_options,
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         parser, "--strategies", PlanOptions, "strategies", default=strategies, metavar="A,B"
     )
     add_measurement_arguments(parser)
+    add_search_arguments(parser)
     field_argument(parser, "--timeout", PlanOptions, "candidate_timeout_s")
     field_argument(
         parser, "--communication", PlanOptions, "include_communication", action="store_true"
@@ -98,6 +100,7 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         virtual_stages=args.virtual_stages,
         remat=args.remat,
         target=args.target,
+        search=args.search,
     )
     return cluster, options
 
@@ -147,12 +150,8 @@ def queue_embedded_job(
 def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
     from rich.console import Console
 
-    from cli.commands.plan_output import (
-        print_json_line,
-        print_plan,
-        progress_bar,
-        write_report,
-    )
+    from cli.commands.plan_output import print_json_line, print_plan, write_report
+    from cli.commands.progress_output import progress_bar
     from cli.commands.trainer_output import trainer_json
     from store import get_job, session_scope
     from workers.cluster.ray_env import connect_ray

@@ -1,30 +1,24 @@
-"""What `stageprof plan` shows: a live progress bar, the plan beside its baselines, a report."""
+"""What `stageprof plan` shows: the plan beside its baselines, its search, a report (the
+live progress is in progress_output)."""
 
 import io
 import json
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
+from cli.commands.search_output import (
+    estimated_ms,
+    estimated_note,
+    search_lines,
+    shows_estimates,
+)
 from cli.commands.trainer_output import print_trainer
-from schemas import Job, JobStatus, ModelSpec, Plan
+from schemas import ModelSpec, Plan
 from schemas import Progress as JobProgress
 from schemas.plan import percent, stage_layout
 from schemas.profile import MAX_SUCC_STAGES
@@ -36,170 +30,9 @@ MIB = 2**20
 STABILITY_STYLES = {"stable": "green", "within_noise": "yellow", "unique": "cyan"}
 
 
-class JobCounts(Protocol):
-    """What the progress displays read: a `store.JobRow`, or `job_snapshot` of an API job."""
-
-    @property
-    def status(self) -> object: ...
-    @property
-    def candidates(self) -> int: ...
-    @property
-    def distinct_stages(self) -> int: ...
-    @property
-    def done(self) -> int: ...
-    @property
-    def measured(self) -> int: ...
-    @property
-    def reused(self) -> int: ...
-    @property
-    def pruned(self) -> int: ...
-    @property
-    def failed(self) -> int: ...
-
-
-# Called with the job's counts (None: not known yet) and the runner's stats (unused here).
-ProgressUpdate = Callable[[JobCounts | None, object], None]
-
-
-@dataclass(frozen=True)
-class JobSnapshot:
-    """An API job as the progress displays read it (`JobCounts`)."""
-
-    status: JobStatus
-    candidates: int
-    distinct_stages: int
-    measured: int
-    reused: int
-    failed: int
-    pruned: int
-    done: int
-    pending: int
-    waiting: str | None = None
-
-
-@contextmanager
-def progress_bar(console: Console) -> Iterator[ProgressUpdate]:
-    """Progress of a local job: a rich bar on a terminal, else plain lines (`plain_progress`)."""
-    if not console.is_terminal:
-        with plain_progress(console.file) as update:
-            yield update
-        return
-    with _rich_progress(console) as update:
-        yield update
-
-
-def job_snapshot(job: Job) -> JobSnapshot:
-    """A job from the API as the progress displays read it: its status and its counts."""
-    return JobSnapshot(status=job.status, waiting=job.waiting, **job.progress.model_dump())
-
-
 def stats_of(progress: JobProgress, wall_seconds: float) -> dict[str, Any]:
     """The `stats` of `--json` from a job's progress (the same counts everywhere)."""
     return progress.model_dump() | {"wall_seconds": round(wall_seconds, 3)}
-
-
-def progress_line(job: JobCounts | None, elapsed_s: float) -> str:
-    """One line of progress from a job row or `Job.progress`-like object (None: starting)."""
-    if job is None:
-        return f"starting: workers and the model's stages ({elapsed_s:.0f}s)"
-    phase = _phase(job)
-    total, done = job.distinct_stages, job.done
-    if phase == "queued":
-        return f"queued: waiting for a worker to take the job, {elapsed_s:.0f}s elapsed"
-    eta = ""
-    if 0 < done < total:
-        eta = f", ETA {elapsed_s / done * (total - done):.0f}s"
-    waiting = getattr(job, "waiting", None)
-    return (
-        f"{phase}: {done}/{total} stages done (measured {job.measured}, reused "
-        f"{job.reused}, pruned {job.pruned}, failed {job.failed}; {job.candidates} "
-        f"candidates), {elapsed_s:.0f}s elapsed{eta}" + (f"; {waiting}" if waiting else "")
-    )
-
-
-def _phase(job: JobCounts) -> str:
-    status = getattr(job, "status", None)
-    return str(getattr(status, "value", status) or "profiling")
-
-
-@contextmanager
-def plain_progress(stream: IO[str], interval_s: float = 10.0) -> Iterator[ProgressUpdate]:
-    """Plain progress lines for logs and CI: one line now, one whenever the phase changes,
-    one at least every `interval_s` seconds while nothing else is printed, and one at the end
-    when the counts changed since the last line."""
-    started = time.monotonic()
-    state: dict[str, Any] = {"job": None, "phase": None, "unprinted": False}
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def emit() -> None:
-        with lock:
-            state["unprinted"] = False
-            stream.write(progress_line(state["job"], time.monotonic() - started) + "\n")
-            stream.flush()
-
-    def update(job: JobCounts | None, _stats: object) -> None:
-        phase = (getattr(job, "status", None), getattr(job, "waiting", None))
-        with lock:
-            changed = phase != state["phase"]
-            state["job"], state["phase"], state["unprinted"] = job, phase, True
-        if changed:
-            emit()
-
-    def tick() -> None:
-        while not stop.wait(interval_s):
-            emit()
-
-    emit()
-    thread = threading.Thread(target=tick, name="stageprof-progress", daemon=True)
-    thread.start()
-    try:
-        yield update
-    finally:
-        stop.set()
-        thread.join()
-        if state["unprinted"]:
-            emit()
-
-
-@contextmanager
-def _rich_progress(console: Console) -> Iterator[ProgressUpdate]:
-    """A rich progress bar over candidates: done (reused, failed) and ETA."""
-    progress = Progress(
-        TextColumn("[bold]{task.fields[phase]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("stages"),
-        TextColumn(
-            "reused {task.fields[reused]}  pruned {task.fields[pruned]}  "
-            "failed {task.fields[failed]}"
-        ),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
-    task = progress.add_task(
-        "profiling", total=None, phase="starting", reused=0, pruned=0, failed=0
-    )
-
-    def update(job: JobCounts | None, _stats: object) -> None:
-        if job is None:
-            return
-        waiting = getattr(job, "waiting", None)
-        progress.update(
-            task,
-            phase=f"{_phase(job)} ({waiting})" if waiting else _phase(job),
-            total=job.distinct_stages,
-            completed=job.done,
-            reused=job.reused,
-            pruned=job.pruned,
-            failed=job.failed,
-        )
-
-    with progress:
-        yield update
 
 
 def _ms(seconds: float) -> str:
@@ -228,6 +61,7 @@ def _stage_rows(plan: Plan) -> list[dict[str, str]]:
                 "strategy": st.config.strategy,
                 "remat": st.remat,
                 "cost ms": _ms(st.compute_cost),
+                "est ms": estimated_ms(st),
                 "fwd ms": _ms(st.forward_cost),
                 "bwd ms": _ms(st.backward_cost),
                 "peak MiB": f"{st.peak_memory / MIB:.1f}",
@@ -259,24 +93,26 @@ def _optional_columns(plan: Plan) -> list[str]:
 
 def stage_table(plan: Plan, title: str, width: int) -> Table | Group:
     """The plan's stages as a table when it fits `width` columns (dropping the optional
-    columns first), else as one block of lines per stage; numbers are never cut."""
+    columns first, then letting the layers column wrap), else as one block of lines per
+    stage; numbers are never cut."""
     rows = _stage_rows(plan)
     optional = _optional_columns(plan)
-    core = ["cost ms", "peak MiB", "stash MiB"]
+    core = ["cost ms", *(["est ms"] if shows_estimates(plan) else []), "peak MiB", "stash MiB"]
     if any(s.schedule_memory is not None for s in plan.stages):
         core.append("mem MiB")
     text = _text_columns(plan)
-    for dropped in range(len(optional) + 1):
-        numbers = core + optional[: len(optional) - dropped]
-        table = Table(title=title, title_justify="left", expand=False)
-        for col in text:
-            table.add_column(col, no_wrap=col != "layers", overflow="fold")
-        for col in numbers:
-            table.add_column(col, justify="right", no_wrap=True)
-        for row in rows:
-            table.add_row(*(row[c] for c in [*text, *numbers]))
-        if _natural_width(table) <= width:
-            return table
+    for wrap_layers in (False, True):
+        for dropped in range(len(optional) + 1):
+            numbers = core + optional[: len(optional) - dropped]
+            table = Table(title=title, title_justify="left", expand=False)
+            for col in text:
+                table.add_column(col, no_wrap=col != "layers", overflow="fold")
+            for col in numbers:
+                table.add_column(col, justify="right", no_wrap=True)
+            for row in rows:
+                table.add_row(*(row[c] for c in [*text, *numbers]))
+            if _natural_width(table) - (_layers_slack(rows) if wrap_layers else 0) <= width:
+                return table
     lines: list[Text] = [Text(title, style="italic")]
     for row in rows:
         lines.append(
@@ -287,6 +123,7 @@ def stage_table(plan: Plan, title: str, width: int) -> Table | Group:
             )
         )
         split = f", B {row['B ms']}, W {row['W ms']}" if row["W ms"] != "-" else ""
+        split += f"; estimated {row['est ms']}" if row["est ms"] != "-" else ""
         lines.append(
             Text(
                 f"  cost {row['cost ms']} ms (fwd {row['fwd ms']}, bwd {row['bwd ms']}{split}); "
@@ -301,6 +138,14 @@ def stage_table(plan: Plan, title: str, width: int) -> Table | Group:
 def _natural_width(table: Table) -> int:
     wide = Console(width=10_000, file=io.StringIO())
     return wide.measure(table).maximum
+
+
+def _layers_slack(rows: list[dict[str, str]]) -> int:
+    """How much narrower the layers column gets when its text wraps at spaces: "0-2" above
+    "(embed..block1)" (the only column that may wrap)."""
+    texts = [row["layers"] for row in rows] + ["layers"]
+    words = [word for text in texts for word in text.split()]
+    return max(map(len, texts)) - max(map(len, words))
 
 
 def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, Any]) -> None:
@@ -324,13 +169,15 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     if runner is not None:
         ratio = runner.predicted_iteration_time_s / ours if ours > 0 else float("nan")
         gap = "" if runner.gap is None else f"+{percent(runner.gap)}, same schedule"
-        compare.add_row("runner-up", _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", gap)
+        note = "; ".join(x for x in (gap, estimated_note(runner.stages)) if x)
+        compare.add_row("runner-up", _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", note)
     for base in plan.baselines:
         if base.iteration_time_s is None:
             compare.add_row(base.name, "-", "-", base.reason or "infeasible")
         else:
             ratio = base.iteration_time_s / ours if ours > 0 else float("nan")
-            compare.add_row(base.name, _ms(base.iteration_time_s), f"{ratio:.2f}x", "")
+            note = estimated_note(base.stages)
+            compare.add_row(base.name, _ms(base.iteration_time_s), f"{ratio:.2f}x", note)
     console.print(compare)
     if len(plan.schedules) > 1:
         console.print(schedule_table(plan))
@@ -340,19 +187,22 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     print_trainer(console, plan)
 
 
-def summary_lines(plan: Plan, stats: dict[str, Any]) -> tuple[str, str]:
-    """What the plan cost: the stage counts, then the planning and total times (two short
-    lines, so that no number is cut at the end of a 120-column line)."""
+def summary_lines(plan: Plan, stats: dict[str, Any]) -> list[str]:
+    """What the plan cost: the stage counts, the search's (measured, estimated, the
+    estimates' error), then the planning and total times (short lines, so that no number is
+    cut at the end of a 120-column line)."""
+    estimated = int(stats.get("estimated") or 0)
     counts = (
         f"{stats['candidates']} candidates, {stats['distinct_stages']} distinct stages: "
         f"{stats['measured']} measured, {stats['reused']} reused, "
         f"{stats['pruned']} pruned, {stats['failed']} failed"
+        + (f", {estimated} estimated" if estimated else "")
     )
     times = (
         f"search {plan.dp_wall_seconds * 1e3:.1f} ms ({schedule_label(plan)}: "
         f"{plan.runner_up_wall_seconds * 1e3:.1f} ms); total {stats['wall_seconds']:.1f} s"
     )
-    return counts, times
+    return [counts, *search_lines(plan), times]
 
 
 def schedule_label(plan: Plan) -> str:
@@ -396,6 +246,8 @@ def print_stability(console: Console, plan: Plan) -> None:
     console.print(f"plan is {summary}", style=style, markup=False, highlight=False)
     if plan.runner_up is not None:
         layout = stage_layout(plan.runner_up.stages)
+        note = estimated_note(plan.runner_up.stages)
+        layout += f" ({note})" if note else ""
         console.print(f"  runner-up: {layout}", style="dim", markup=False, highlight=False)
 
 

@@ -6,14 +6,9 @@ import time
 
 from rich.console import Console
 
-from cli.commands.plan_output import (
-    job_snapshot,
-    print_json_line,
-    print_plan,
-    print_stability,
-    progress_bar,
-    stats_of,
-)
+from cli.commands.plan_output import print_json_line, print_plan, print_stability, stats_of
+from cli.commands.progress_output import job_snapshot, progress_bar
+from cli.commands.search_output import search_lines
 from cli.commands.trainer_output import print_trainer, trainer_json
 from cli.commands.zoo_args import parse_overrides
 from client.sdk import ApiError, StageprofClient
@@ -67,6 +62,8 @@ def run_remote(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
         print_plan(console, spec, plan, stats)
     else:
         print_stability(console, plan)
+        for line in search_lines(plan):
+            console.print(line, highlight=False)
         print_trainer(console, plan)
     if args.json:
         print_json_line(

@@ -173,8 +173,9 @@ def read_cost_matrix(
         int | None, Query(ge=0, le=2**31 - 1, description="Only this config.")
     ] = None,
 ) -> CostMatricesOut:
-    """`compute_cost[start][end]` in seconds (null where missing, pending or failed) and
-    `status[start][end]`, for every (submesh_id, config_id) of the job or the ones asked."""
+    """`compute_cost[start][end]` in seconds (null where missing, pending, failed or estimated
+    only), `estimated_cost[start][end]` (the job's estimates) and `status[start][end]`, for
+    every (submesh_id, config_id) of the job or the ones asked."""
     return cost_matrices_out(
         session, _job_row(session, job_id), submesh_id=submesh_id, config_id=config_id
     )
@@ -204,6 +205,7 @@ def cost_matrices_out(
                 logical_mesh=m.logical_mesh,
                 label=_label(m),
                 compute_cost=m.compute_cost,
+                estimated_cost=m.estimated_cost,
                 status=m.status,
             )
             for m in cost_matrices(

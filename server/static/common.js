@@ -95,7 +95,18 @@
   };
 
   SP.progressText = function (p) {
-    return p.done + "/" + p.distinct_stages + " stages · " + p.measured + " measured · " + p.reused + " reused · " + p.pruned + " pruned · " + p.failed + " failed";
+    const estimated = p.estimated ? " · " + p.estimated + " estimated" : "";
+    return p.done + "/" + p.distinct_stages + " stages · " + p.measured + " measured · " + p.reused + " reused · " + p.pruned + " pruned" + estimated + " · " + p.failed + " failed";
+  };
+
+  // A profiling job's phase ("layer profiles", "verification round 2"...) in `elem`, hidden
+  // when it has none.
+  SP.showPhase = function (elem, job) {
+    if (!elem) return;
+    const phase = job.status === "profiling" && job.phase ? job.phase : "";
+    elem.textContent = phase;
+    if (phase) elem.removeAttribute("hidden");
+    else elem.setAttribute("hidden", "");
   };
 
   // Round a span to 1, 2 or 5 × 10^k steps for chart axes.

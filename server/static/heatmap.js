@@ -1,10 +1,21 @@
 // Heatmap of stage cost by (start, end) for one (submesh, config), from
-// GET /v1/jobs/{id}/cost-matrix. The plan's stages are outlined.
+// GET /v1/jobs/{id}/cost-matrix. The plan's stages are outlined; stages an estimate search
+// never measured have their own colour, their estimate in the tooltip.
 "use strict";
 
 (function () {
   const SP = window.SP;
   const FAILED = "#e5e7eb";
+  const ESTIMATED = "#ede9fe";
+  // The legend's keys after the colour bar: [label, swatch class, fill, width].
+  const KEYS = [
+    ["failed", "", FAILED, 64],
+    ["pending", "pending", "#ffffff", 74],
+    ["pruned", "pruned", null, 70],
+    ["estimated", "estimated", ESTIMATED, 88],
+    ["plan", "plan", null, 50],
+  ];
+  const LEGEND_KEYS_W = 16 + KEYS.reduce((w, k) => w + k[3], 0);
 
   function draw(box, matrix, names, planStages) {
     box.replaceChildren();
@@ -15,13 +26,14 @@
     }
     const cell = Math.max(8, Math.min(44, Math.floor(640 / L)));
     const left = 96, top = 64, legendW = 220;
-    const width = Math.max(left + L * cell + 40, left + legendW + 290);
+    const width = Math.max(left + L * cell + 40, left + legendW + LEGEND_KEYS_W);
     const height = top + L * cell + 70;
     const svg = SP.svg("svg", {
       id: "heatmap-svg", class: "heatmap", width: width, height: height,
       viewBox: "0 0 " + width + " " + height, role: "img",
       "aria-label": "Stage cost heatmap for " + matrix.label,
     });
+    const estimates = matrix.estimated_cost || null;
     const costs = [];
     for (const row of matrix.compute_cost) for (const v of row) if (v !== null && v > 0) costs.push(v);
     const lo = Math.log(Math.min(...costs, Infinity));
@@ -43,14 +55,19 @@
         const status = matrix.status[s][e];
         if (status === null) continue;
         const v = matrix.compute_cost[s][e];
+        const est = estimates ? estimates[s][e] : null;
         const x = left + e * cell, y = top + s * cell;
         let fill = "#ffffff", cls = "heat-cell pending";
         if (status === "ok" && v !== null) { fill = SP.color(scale(v)); cls = "heat-cell ok"; }
         else if (status === "pruned") { fill = "#f3f4f6"; cls = "heat-cell pruned"; }
+        else if (status === "estimated") { fill = ESTIMATED; cls = "heat-cell estimated"; }
         else if (status !== "pending") { fill = FAILED; cls = "heat-cell failed"; }
         const r = SP.svg("rect", { x: x + 0.5, y: y + 0.5, width: cell - 1, height: cell - 1, fill: fill, class: cls }, svg);
         const range = (names[s] || s) + (e > s ? " … " + (names[e] || e) : "");
-        SP.title(r, "layers " + s + "–" + e + " (" + range + "): " + (status === "ok" ? SP.fmtSeconds(v) : status));
+        let what = status === "ok" ? SP.fmtSeconds(v) : status;
+        if (status === "estimated") what = "estimated " + SP.fmtSeconds(est) + ", never measured";
+        else if (est !== null && est !== undefined) what += " (estimated " + SP.fmtSeconds(est) + ")";
+        SP.title(r, "layers " + s + "–" + e + " (" + range + "): " + what);
         if (cls === "heat-cell failed" && cell >= 12) {
           SP.svg("text", { x: x + cell / 2, y: y + cell / 2 + 4, class: "cell-mark", "text-anchor": "middle", text: "×" }, svg);
         }
@@ -75,14 +92,14 @@
       SP.svg("text", { x: x, y: y + 24, class: "tick", text: SP.fmtSeconds(range[0]) }, svg);
       SP.svg("text", { x: x + w, y: y + 24, class: "tick", "text-anchor": "end", text: SP.fmtSeconds(range[1]) + " (log)" }, svg);
     }
-    SP.svg("rect", { x: x + w + 16, y: y, width: 10, height: 10, fill: FAILED }, svg);
-    SP.svg("text", { x: x + w + 30, y: y + 9, class: "tick", text: "failed" }, svg);
-    SP.svg("rect", { x: x + w + 80, y: y, width: 10, height: 10, class: "legend-swatch pending", fill: "#ffffff" }, svg);
-    SP.svg("text", { x: x + w + 94, y: y + 9, class: "tick", text: "pending" }, svg);
-    SP.svg("rect", { x: x + w + 154, y: y, width: 10, height: 10, class: "legend-swatch pruned" }, svg);
-    SP.svg("text", { x: x + w + 168, y: y + 9, class: "tick", text: "pruned" }, svg);
-    SP.svg("rect", { x: x + w + 224, y: y, width: 10, height: 10, class: "legend-swatch plan" }, svg);
-    SP.svg("text", { x: x + w + 238, y: y + 9, class: "tick", text: "plan" }, svg);
+    let at = x + w + 16;
+    for (const [label, cls, fill, width] of KEYS) {
+      const attrs = { x: at, y: y, width: 10, height: 10, fill: fill };
+      if (cls) attrs.class = "legend-swatch " + cls;
+      SP.svg("rect", attrs, svg);
+      SP.svg("text", { x: at + 14, y: y + 9, class: "tick legend-key", text: label }, svg);
+      at += width;
+    }
   }
 
   // Fill the selector and draw; keeps the user's selection across refreshes.

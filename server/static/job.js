@@ -21,6 +21,7 @@
     bar.max = Math.max(job.progress.distinct_stages, 1);
     bar.value = job.progress.done;
     document.getElementById("job-counts").textContent = SP.progressText(job.progress) + " · " + job.progress.candidates + " candidates";
+    SP.showPhase(document.getElementById("job-phase"), job);
     const status = document.getElementById("job-status");
     status.textContent = job.status;
     status.setAttribute("class", "badge big status-" + job.status);

@@ -31,7 +31,8 @@
         return SP.el("tr", {}, [
           cell(r.start, "num"), cell(r.end, "num"), cell(r.submesh_id, "num"), cell(r.config_id, "num"),
           cell(r.num_devices, "num"), cell(r.strategy), status,
-          cell(SP.fmtSeconds(r.compute_cost), "num strong"), cell(SP.fmtSeconds(r.forward_cost), "num"),
+          cell(SP.fmtSeconds(r.compute_cost), "num strong"), cell(SP.fmtSeconds(r.estimated_cost), "num estimate"),
+          cell(SP.fmtSeconds(r.forward_cost), "num"),
           cell(SP.fmtSeconds(r.backward_cost), "num"), cell(SP.fmtBytes(r.peak_memory), "num"),
           cell(r.max_n_succ_stages === null ? "–" : r.max_n_succ_stages >= 1048576 ? "no limit" : r.max_n_succ_stages, "num"),
           cell(r.status === null ? "–" : r.reused ? "yes" : "no"),
@@ -52,7 +53,7 @@
           return;
         }
         tbody.replaceChildren(...page.items.map(row));
-        if (!page.items.length) tbody.append(SP.el("tr", { class: "empty" }, [SP.el("td", { colspan: 15, text: "No candidates match." })]));
+        if (!page.items.length) tbody.append(SP.el("tr", { class: "empty" }, [SP.el("td", { colspan: 16, text: "No candidates match." })]));
         cursor = page.next_cursor;
         next.disabled = !cursor;
         note.textContent = "page " + pageNo + " · " + page.items.length + " row(s), sorted by " + page.sort;

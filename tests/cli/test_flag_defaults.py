@@ -37,3 +37,27 @@ def test_a_field_flag_has_the_field_default_help_and_choices() -> None:
     assert "least number of timed runs per module (then adaptive) (default: 5)" in help_text
     with pytest.raises(SystemExit):
         parser.parse_args(["--config-space", "nonsense"])
+
+
+@pytest.mark.parametrize("command", ["plan", "gate"])
+def test_search_flags_set_the_search(command: str) -> None:
+    def search_of(*argv: str) -> str:
+        args = build_parser().parse_args([command, *argv])
+        return _request_parts(args)[1].search
+
+    assert search_of() == PlanOptions().search == "estimate"
+    assert search_of("--exhaustive") == "exhaustive"
+    assert search_of("--search", "prune") == "prune"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--search", "prune", "--exhaustive"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--search", "nonsense"])
+
+
+def test_the_search_flag_s_help_is_the_field_s(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--search {estimate,prune,exhaustive}" in help_text
+    assert "(default: estimate)" in help_text
+    assert "--exhaustive measure every candidate (the same as --search exhaustive)" in help_text

@@ -1,14 +1,19 @@
-"""The plan as `stageprof plan` prints it fits the terminal and never cuts a number."""
+"""The plan as `stageprof plan` prints it fits the terminal and never cuts a number; an
+estimate search's figures (measured, estimated, the estimates' error) are shown."""
 
 import io
+import json
 import re
 
 import pytest
 from rich.console import Console
 
-from cli.commands.plan_output import print_plan, succ_text
+from cli.commands.plan_output import print_json_line, print_plan, succ_text
+from cli.commands.search_output import search_lines
+from schemas import Plan, SearchSummary
 from schemas.profile import MAX_SUCC_STAGES
 from tests.server.factories import exported_chain_spec, make_plan
+from tests.support.estimates import SEARCH, with_search
 
 STATS = {
     "candidates": 10,
@@ -90,3 +95,75 @@ def test_plan_output_names_the_schedule_and_shows_the_others(schedule: str) -> N
         assert "B ms" in text and "W ms" in text
     if schedule == "interleaved":
         assert re.search(r"\bgroup\b", text)
+
+
+ESTIMATE_STATS = STATS | {"measured": 10, "reused": 2, "pruned": 0, "estimated": 90}
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_an_estimate_search_shows_its_figures(width: int) -> None:
+    plan = with_search(make_plan(num_layers=6, num_microbatches=4, salt="search"))
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None)
+    print_plan(console, exported_chain_spec(6), plan, ESTIMATE_STATS)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width, text
+    for st in plan.stages:
+        assert st.estimated_cost_s is not None
+        assert f"{st.estimated_cost_s * 1e3:.2f}" in text, text
+    if width >= 120:  # a table, the estimate its own column, each figure on one line
+        assert "est ms" in next(line for line in lines if "cost ms" in line)
+        assert any(
+            "estimate search: 12 measured (10 layer profiles, 2 verified), 90 estimated, "
+            "2 verification rounds" in line
+            for line in lines
+        ), text
+        assert any(
+            "estimate error over 8 stages: median 4.1%, max 9.8%" in line and "band 15.0%" in line
+            for line in lines
+        ), text
+        counts = "8 distinct stages: 10 measured, 2 reused, 0 pruned, 0 failed, 90 estimated"
+        assert any(counts in line for line in lines), text
+        runner = next(line for line in lines if line.lstrip("│ ").startswith("runner-up"))
+        assert "1 of 2 stages estimated" in runner
+        baseline = next(line for line in lines if "data_parallel" in line)
+        assert "1 of 1 stage estimated" in baseline
+        assert "(1 of 2 stages estimated)" in text  # beside the runner-up's stages
+    else:
+        flat = " ".join(text.split())
+        assert "estimate error over 8 stages" in flat and "1 of 2 stages estimated" in flat
+
+
+def test_a_plan_without_a_search_has_no_estimate_column() -> None:
+    plan = make_plan(num_layers=6, num_microbatches=4, salt="plain")
+    out = io.StringIO()
+    print_plan(Console(file=out, width=200, color_system=None), exported_chain_spec(6), plan, STATS)
+    text = out.getvalue()
+    assert "est ms" not in text and "estimate" not in text and "estimated" not in text
+
+
+@pytest.mark.parametrize(
+    ("summary", "expected"),
+    [
+        (SEARCH.model_copy(update={"compared": 0, "estimate_error_median": None}), "no stage"),
+        (SearchSummary(mode="exhaustive"), "exhaustive search: measured every candidate"),
+        (SearchSummary(mode="prune"), "prune search: measured every stage that could win"),
+    ],
+)
+def test_search_lines_of_other_summaries(summary: SearchSummary, expected: str) -> None:
+    plan = with_search(make_plan(num_layers=4, num_microbatches=2, salt="s"), summary)
+    assert expected in " ".join(search_lines(plan))
+
+
+def test_the_json_line_carries_the_search_and_each_stage_s_estimate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan = with_search(make_plan(num_layers=6, num_microbatches=4, salt="json"))
+    print_json_line({"plan": plan.model_dump(mode="json"), "stats": ESTIMATE_STATS})
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert line["plan"]["search"] == SEARCH.model_dump(mode="json")
+    assert line["stats"]["estimated"] == 90
+    assert line["plan"]["runner_up"]["stages"][-1]["measured"] is False
+    assert all(st["measured"] and st["estimated_cost_s"] for st in line["plan"]["stages"])
+    assert Plan.model_validate(line["plan"]) == plan

@@ -64,6 +64,13 @@ def test_plan_prints_json_then_reuses_everything(tmp_path: Path) -> None:
     report = (tmp_path / "report.html").read_text()
     assert out["job_id"] in report and "<script" in report
     _counts_agree(stats, first.stderr, report)
+    search = out["plan"]["search"]
+    assert search is not None and search["mode"] == "estimate"  # the default search
+    measured = search["layer_profiles"] + search["verified"]
+    flat = " ".join(first.stderr.split())
+    assert f"estimate search: {measured} measured ({search['layer_profiles']} layer" in flat
+    assert "estimate error" in flat and "est ms" in flat
+    assert 'id="plan-search"' in report
 
     second = _plan(tmp_path, "--hosts", "1", "--devices-per-host", "2", "--json")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -102,7 +109,7 @@ def test_plan_through_a_pipe_prints_a_line_at_least_every_10_s(tmp_path: Path) -
         assert proc.wait(timeout=900) == 0, "\n".join(s for _, s in stamps[-30:])
     times = [t for t, _ in stamps]
     assert times[0] < 10, stamps[:3]
-    progress = [(t, s) for t, s in stamps if s.startswith(("starting:", "profiling:", "planning:"))]
+    progress = [(t, s) for t, s in stamps if s.startswith(("starting:", "profiling", "planning:"))]
     assert progress and any("stages done" in s for _, s in progress)
     end_of_progress = progress[-1][0]
     during = [t for t in times if t <= end_of_progress]
@@ -115,37 +122,35 @@ def test_plan_through_a_pipe_prints_a_line_at_least_every_10_s(tmp_path: Path) -
 
 def _counts_agree(stats: dict, stderr: str, report: str) -> None:
     """One set of counters: the JSON, the summary line, the last progress line and the
-    report say the same numbers, and they add up."""
-    keys = ("measured", "reused", "pruned", "failed")
+    report say the same numbers, and they add up (estimated stages said when there are)."""
+    keys = ("measured", "reused", "pruned", "failed", "estimated")
     assert stats["distinct_stages"] == sum(stats[k] for k in keys) == stats["done"]
     assert stats["pending"] == 0 and stats["candidates"] >= stats["distinct_stages"]
+    n_est = stats["estimated"]
     summary = re.search(
         r"(\d+) candidates, (\d+) distinct stages: (\d+) measured, (\d+) reused, "
-        r"(\d+) pruned, (\d+) failed",
+        r"(\d+) pruned, (\d+) failed(?:, (\d+) estimated)?",
         " ".join(stderr.split()),
     )
     assert summary, stderr[-2000:]
     want = [stats[k] for k in ("candidates", "distinct_stages", *keys)]
-    assert [int(g) for g in summary.groups()] == want
+    assert [int(g or 0) for g in summary.groups()] == want
     last = [ln for ln in stderr.splitlines() if "stages done" in ln][-1]
     line = re.search(
-        r"(\d+)/(\d+) stages done \(measured (\d+), reused (\d+), pruned (\d+), "
-        r"failed (\d+); (\d+) candidates\)",
+        r"(\d+)/(\d+) stages done \(measured (\d+), reused (\d+), pruned (\d+)"
+        r"(?:, estimated (\d+))?, failed (\d+); (\d+) candidates\)",
         last,
     )
     assert line, last
-    assert [int(g) for g in line.groups()] == [
-        stats["done"],
-        stats["distinct_stages"],
-        *(stats[k] for k in keys),
-        stats["candidates"],
-    ]
+    order = ("done", "distinct_stages", "measured", "reused", "pruned", "estimated", "failed")
+    assert [int(g or 0) for g in line.groups()] == [*(stats[k] for k in order), stats["candidates"]]
     facts = re.search(r'<span id="job-counts">([^<]*)</span>', report)
     assert facts, "no counts in the report"
     text = " ".join(facts.group(1).split())
     expected = (
         f"{stats['done']}/{stats['distinct_stages']} stages · {stats['measured']} measured · "
-        f"{stats['reused']} reused · {stats['pruned']} pruned · {stats['failed']} failed · "
-        f"{stats['candidates']} candidates"
+        f"{stats['reused']} reused · {stats['pruned']} pruned · "
+        + (f"{n_est} estimated · " if n_est else "")
+        + f"{stats['failed']} failed · {stats['candidates']} candidates"
     )
     assert text == expected

@@ -35,13 +35,17 @@ from store import (
     claim_job,
     create_job,
     finish_job,
+    mark_estimated,
     mark_pruned,
     put_model,
+    record_estimates,
     record_result,
     refresh_progress,
     save_profile,
     session_scope,
+    set_job_phase,
 )
+from tests.support.estimates import ESTIMATE_ERROR, with_search
 from tests.support.profiles import fake_profile
 
 # (submesh (hosts, devices), [(logical mesh, strategy), ...]) for a 1 x 2 cluster.
@@ -243,6 +247,29 @@ def make_plan(num_layers: int, num_microbatches: int, salt: str) -> Plan:
     )
 
 
+def estimated_keys(num_layers: int, plan: Plan | None) -> set[tuple[int, int, int, int]]:
+    """What `seed_job(estimated=True)` never measures: the stages `with_search` marks
+    estimated (the runner-up's last, the whole model on two devices) and every other stage
+    of three layers or more on one device that is in neither the plan nor the runner-up
+    and does not fail."""
+    never = {(0, num_layers - 1, 1, 0)}
+    keep: set[tuple[int, int, int, int]] = set()
+    if plan is not None:
+        keep = {_stage_key(st) for st in plan.stages}
+        if plan.runner_up is not None:
+            keep |= {_stage_key(st) for st in plan.runner_up.stages[:-1]}
+            never.add(_stage_key(plan.runner_up.stages[-1]))
+    return never | {
+        k
+        for k in _keys(num_layers)
+        if k[2:] == (0, 0) and k[1] - k[0] >= 2 and k not in keep and not failed_key(*k, num_layers)
+    }
+
+
+def _stage_key(st: PlannedStage) -> tuple[int, int, int, int]:
+    return (st.start, st.end, st.submesh_id, st.config_id)
+
+
 def seed_job(
     factory: sessionmaker[Session],
     *,
@@ -253,14 +280,21 @@ def seed_job(
     salt: str = "fp",
     name: str = "chain",
     pruned: int = 0,
+    estimated: bool = False,
+    phase: str | None = None,
 ) -> SeededJob:
     """A job of a `exported_chain_spec` model on a 1x2 cluster with every candidate added.
 
     `finished`: every candidate recorded (some failed) and a plan stored (status done).
     Otherwise the job is profiling with the first `recorded_fraction` of candidates recorded
-    and the last `pruned` candidates pruned.
+    and the last `pruned` candidates pruned, in `phase` (e.g. "verification round 2").
+    `estimated`: as an estimate search, the stages `estimated_keys` names are never measured
+    but estimated, every candidate has an estimate 5% above its made-up cost, and the plan
+    is `with_search`'s.
     """
     keys = _keys(num_layers)
+    plan = make_plan(num_layers, num_microbatches, salt) if finished else None
+    never = estimated_keys(num_layers, plan) if estimated else set()
     with session_scope(factory) as s:
         model, _ = put_model(s, spec=exported_chain_spec(num_layers, name=name))
         options = PlanOptions(num_microbatches=num_microbatches, strategies=["data", "megatron"])
@@ -287,6 +321,8 @@ def seed_job(
         )
         n_record = len(keys) if finished else int(len(keys) * recorded_fraction)
         for k in keys[:n_record]:
+            if k in never:
+                continue
             submesh, configs = SPACE[k[2]]
             mesh, strategy = configs[k[3]]
             failed = failed_key(*k, num_layers)
@@ -308,9 +344,16 @@ def seed_job(
         if pruned:
             fps = [_fingerprint(salt, k) for k in keys[n_record:][-pruned:]]
             mark_pruned(s, job_id=job.id, fingerprints=fps)
+        if estimated:
+            guesses = {
+                _fingerprint(salt, k): candidate_cost(*k) * (1 + ESTIMATE_ERROR) for k in keys
+            }
+            record_estimates(s, job_id=job.id, estimates=guesses)
+            mark_estimated(s, job_id=job.id, fingerprints=[_fingerprint(salt, k) for k in never])
+        if phase is not None:
+            set_job_phase(s, job_id=job.id, owner="test-runner", phase=phase)
         refresh_progress(s, job_id=job.id)
-        plan = None
-        if finished:
-            plan = make_plan(num_layers, num_microbatches, salt)
+        if plan is not None:
+            plan = with_search(plan) if estimated else plan
             finish_job(s, job_id=job.id, owner="test-runner", status=JobStatus.done, plan=plan)
         return SeededJob(job.id, model.id, num_layers, len(keys), plan)

@@ -98,6 +98,12 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "zoo.config: its keys, value types and bounds depend on zoo.name",
         field=r"^zoo\.config(\.|$)",
     ),
+    CrossFieldRule(
+        (PLANS,),
+        r"end \(\d+\) must be >= start \(\d+\)",
+        "a stage key of options.measure_stages: end >= start",
+        field=r"^options\.measure_stages\.\d+$",
+    ),
     CrossFieldRule((PROFILES,), r"must be >= start_min", "end_max >= start_min"),
     CrossFieldRule(
         (PROFILES,),

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from migrations import upgrade
 from server import Settings
 from store import make_engine, make_sessionmaker
-from tests.server.factories import SeededJob, seed_job
+from tests.server.factories import SeededJob, estimated_keys, make_plan, seed_job
 from tests.server.live import LiveServer
 
 pytestmark = pytest.mark.browser
@@ -134,3 +134,46 @@ def test_running_job_and_jobs_list_without_script_errors(
         console = [line for line in out.stderr.splitlines() if "CONSOLE" in line]
         assert not [line for line in console if "Uncaught" in line or "Error" in line], console
         assert "No jobs yet" not in out.stdout
+
+
+def test_an_estimate_search_in_chromium(
+    finished_job: tuple[LiveServer, SeededJob], tmp_path: Path
+) -> None:
+    srv, _ = finished_job
+    factory = make_sessionmaker(make_engine(srv.settings.database_url))
+    job = seed_job(factory, num_layers=6, estimated=True, salt="est")
+    running = seed_job(
+        factory, num_layers=4, finished=False, recorded_fraction=0.5, salt="ph", phase="estimates"
+    )
+    assert job.plan is not None
+    for path, name in ((f"/jobs/{job.job_id}", "est"), (f"/jobs/{running.job_id}", "ph")):
+        out = subprocess.run(
+            [chromium(), *FLAGS, f"--user-data-dir={tmp_path / name}"]
+            + ["--enable-logging=stderr", "--v=0", "--dump-dom", srv.url + path],
+            capture_output=True,
+            text=True,
+            timeout=CHROMIUM_TIMEOUT_S,
+            check=True,
+        )
+        console = [line for line in out.stderr.splitlines() if "CONSOLE" in line]
+        assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+        dom = out.stdout
+        if name == "ph":  # still said after the page polled the job
+            assert '<span class="badge phase" id="job-phase">estimates</span>' in dom
+            continue
+        # The heatmap of the plan's submesh/config: the stages never measured, in their colour.
+        shown = [k for k in estimated_keys(6, make_plan(6, 4, "est")) if k[2:] == (0, 0)]
+        assert len(re.findall(r'class="heat-cell estimated"', dom)) == len(shown) > 0
+        assert re.search(r'class="tick legend-key">estimated<', dom)
+        plan_table = re.search(r'<table[^>]*id="plan-stages".*?</table>', dom, re.S)
+        assert plan_table is not None and plan_table.group(0).count("badge measured") == 2
+        # The profile table's estimate column: every candidate of this job has one.
+        estimates = re.findall(r'<td class="num estimate">([^<]*)</td>', dom)
+        assert len(estimates) == 50 and all(e.endswith("ms") for e in estimates), estimates
+        assert 'id="plan-search"' in dom
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "job_page_estimates.png"
+    shot.unlink(missing_ok=True)
+    page = f"{srv.url}/jobs/{job.job_id}"
+    run_chromium(tmp_path / "shot", f"--screenshot={shot}", "--window-size=1400,2400", page)
+    assert shot.stat().st_size > 20_000

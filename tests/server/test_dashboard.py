@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from schemas import ClusterSpec, JobStatus, PlanOptions
 from store import create_job, finish_job, put_model, session_scope
-from tests.server.factories import exported_chain_spec, seed_job
+from tests.server.factories import estimated_keys, exported_chain_spec, make_plan, seed_job
 
 STATIC = Path(__file__).resolve().parents[2] / "server" / "static"
 TEMPLATES = STATIC.parent / "templates"
@@ -117,3 +117,47 @@ def test_static_files_reference_nothing_outside() -> None:
         for url in re.findall(r"http://[^\s\"')]+", text):
             assert url.startswith("http://www.w3.org/2000/svg"), (f, url)  # a namespace
         assert ".innerHTML" not in text and "insertAdjacentHTML" not in text, f
+
+
+def test_job_page_of_an_estimate_search(api: httpx.Client, db: sessionmaker[Session]) -> None:
+    seeded = seed_job(db, num_layers=6, estimated=True)
+    assert seeded.plan is not None and seeded.plan.runner_up is not None
+    html = api.get(f"/jobs/{seeded.job_id}").text
+    search = re.search(r'<section class="card" id="plan-search">.*?</section>', html, re.S)
+    assert search is not None
+    text = " ".join(re.sub(r"<[^>]+>", " ", search.group(0)).split())
+    for figure in (
+        "12 stages measured: 10 layer profiles, 2 verified",
+        "90 stages estimated, never measured",
+        "2 verification rounds",
+        "4.1% median estimate error, max 9.8%, over 8 stages",
+        "15.0% error band trusted",
+    ):
+        assert figure in text, (figure, text)
+    stages = re.search(r'<table[^>]*id="plan-stages".*?</table>', html, re.S)
+    assert stages is not None and "<th" in stages.group(0)
+    assert ">Estimate</th>" in stages.group(0)
+    assert stages.group(0).count('class="badge measured"') == len(seeded.plan.stages)
+    for st in seeded.plan.stages:
+        assert st.estimated_cost_s is not None
+        assert f">{st.estimated_cost_s * 1e3:.3g} ms</td>" in stages.group(0)
+    runner = re.search(r'<table[^>]*id="runner-up-stages".*?</table>', html, re.S)
+    assert runner is not None and runner.group(0).count('class="badge estimated"') == 1
+    assert "1 of 2 stages estimated" in html and "1 of 1 stage estimated" in html
+    assert '<option value="estimated">estimated</option>' in html
+    n_estimated = len(estimated_keys(6, make_plan(6, 4, "fp")))
+    assert f"0 pruned · {n_estimated} estimated · " in html  # the job's counts
+
+
+def test_a_running_job_shows_its_phase(api: httpx.Client, db: sessionmaker[Session]) -> None:
+    running = seed_job(db, num_layers=4, finished=False, salt="r", phase="verification round 2")
+    done = seed_job(db, num_layers=3, salt="d")
+    html = api.get(f"/jobs/{running.job_id}").text
+    assert '<span class="badge phase" id="job-phase">verification round 2</span>' in html
+    assert (
+        '<span class="badge phase" id="job-phase" hidden></span>'
+        in api.get(f"/jobs/{done.job_id}").text
+    )
+    listing = api.get("/").text
+    assert 'data-field="phase">verification round 2</span>' in listing
+    assert 'id="plan-search"' not in api.get(f"/jobs/{done.job_id}").text  # no search: no card

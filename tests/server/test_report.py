@@ -20,7 +20,13 @@ from cli.commands.plan_output import print_plan, write_report
 from schemas import ClusterSpec, JobStatus, Plan, PlanOptions
 from server.report import SCRIPTS, cost_matrix_url, render_job_report, stageprof_version
 from store import JobRow, ModelRow, create_job, finish_job, session_scope
-from tests.server.factories import SeededJob, exported_chain_spec, make_plan, seed_job
+from tests.server.factories import (
+    SeededJob,
+    estimated_keys,
+    exported_chain_spec,
+    make_plan,
+    seed_job,
+)
 from tests.server.test_browser import (
     ARTIFACTS,
     CHROMIUM_TIMEOUT_S,
@@ -317,3 +323,43 @@ def test_report_file_of_a_failed_job_has_no_script_errors(
     dom, console = open_in_chromium(report, tmp_path / "dom")
     assert not [line for line in console if re.search(r"Uncaught|Error|Refused", line)], console
     assert "No stage candidates recorded yet." in dom and "no devices" in dom
+
+
+def test_report_of_an_estimate_search(db: sessionmaker[Session]) -> None:
+    seeded = seed_job(db, num_layers=6, estimated=True)
+    assert seeded.plan is not None and seeded.plan.search is not None
+    html = render(db, seeded.job_id)
+    assert_self_contained(html)
+    text = " ".join(re.sub(r"<[^>]+>", " ", section(html, "plan-search")).split())
+    assert "12 stages measured: 10 layer profiles, 2 verified" in text
+    assert "4.1% median estimate error, max 9.8%, over 8 stages" in text
+    assert "15.0% error band trusted" in text
+    stages = table(html, "plan-stages")
+    assert ">Estimate</th>" in stages and stages.count('class="badge measured"') == 2
+    runner_up = table(html, "runner-up-stages")
+    assert runner_up.count('class="badge estimated"') == 1
+    assert (
+        runner_up.count('class="differs estimated"') + runner_up.count('class="same estimated"')
+        == 1
+    )
+    assert "1 of 1 stage estimated" in table(html, "baselines")
+    matrices = page_data(html)["embedded"][cost_matrix_url(seeded.job_id)]["matrices"]
+    statuses = {st for m in matrices for row in m["status"] for st in row}
+    assert "estimated" in statuses
+    assert all(len(m["estimated_cost"]) == 6 for m in matrices)
+
+
+@pytest.mark.browser
+def test_report_file_draws_estimated_stages_offline(
+    db: sessionmaker[Session], tmp_path: Path
+) -> None:
+    seeded = seed_job(db, num_layers=6, estimated=True)
+    assert seeded.plan is not None
+    report = tmp_path / "report.html"
+    write_report(str(report), db, seeded.job_id)
+    dom, console = open_in_chromium(report, tmp_path / "dom")
+    assert not [line for line in console if re.search(r"Uncaught|Error|Refused", line)], console
+    never = estimated_keys(6, make_plan(6, 4, "fp"))
+    shown = [k for k in never if k[2:] == (0, 0)]  # the heatmap shows the plan's submesh/config
+    assert shown and len(re.findall(r'class="heat-cell estimated"', dom)) == len(shown)
+    assert re.search(r'class="tick legend-key">estimated<', dom)

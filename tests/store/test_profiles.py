@@ -1,19 +1,24 @@
-"""Stage profiles: one row per fingerprint, even under concurrent saves; reuse rules."""
+"""Stage profiles: one row per fingerprint, even under concurrent saves; reuse rules; the
+estimates of a search: estimate job and its phase."""
 
 import threading
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from schemas import ClusterSpec, PlanOptions, ProfileStatus, StageKey
+from schemas import ClusterSpec, JobStatus, PlanOptions, ProfileStatus, StageKey
 from store import (
     CandidateIn,
     JobCandidateRow,
     StageProfileRow,
     add_candidates,
+    claim_job,
     create_job,
+    finish_job,
+    get_job,
     get_profile,
     job_results,
+    job_to_schema,
     mark_estimated,
     mark_pruned,
     pending_fingerprints,
@@ -25,7 +30,9 @@ from store import (
     reusable_profiles,
     save_profile,
     session_scope,
+    set_job_phase,
 )
+from store.queries import ProfileFilter, ProfileSort, cost_matrices, profile_page
 from tests.store.factories import profile, tiny_spec
 
 
@@ -154,6 +161,55 @@ def test_pruned_stages_count_as_done_without_a_profile(session: Session) -> None
     assert set(job_results(session, job_id=job.id)) == {(0, 0, 0, 0)}
     late = save_profile(session, result=profile("big"))
     assert record_result(session, job_id=job.id, profile=late, reused=False) == 0
+
+
+def test_estimated_stages_in_the_profile_table_and_cost_matrix(session: Session) -> None:
+    model, _ = put_model(session, spec=tiny_spec())
+    job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())
+    add_candidates(
+        session,
+        job_id=job.id,
+        model_id=model.id,
+        candidates=[
+            CandidateIn(StageKey(start=0, end=0, submesh_id=0, config_id=0), "layer", 1, "data"),
+            CandidateIn(StageKey(start=0, end=1, submesh_id=0, config_id=0), "long", 1, "data"),
+        ],
+    )
+    layer = save_profile(session, result=profile("layer", cost=0.02))
+    record_result(session, job_id=job.id, profile=layer, reused=False)
+    assert record_estimates(session, job_id=job.id, estimates={"layer": 0.021, "long": 0.05}) == 2
+    assert mark_estimated(session, job_id=job.id, fingerprints=["long", "layer"]) == 1
+    set_job_phase(session, job_id=job.id, owner="nobody", phase="estimates")  # not the owner
+
+    def page(*statuses: str) -> list[dict]:
+        filters = ProfileFilter(job_id=job.id, statuses=statuses)
+        return profile_page(session, filters=filters, sort=ProfileSort.parse("compute_cost")).rows
+
+    (row,) = page("estimated")
+    assert (row["end"], row["compute_cost"], row["estimated_cost"]) == (1, None, 0.05)
+    assert [r["estimated_cost"] for r in page("ok", "estimated")] == [0.021, 0.05]
+    assert page("pending") == []
+    progress = refresh_progress(session, job_id=job.id)
+    assert (progress.measured, progress.estimated, progress.done) == (1, 1, 2)
+    (matrix,) = cost_matrices(session, job_id=job.id, num_layers=2)
+    assert matrix.status[0] == ["ok", "estimated"]
+    assert matrix.compute_cost[0] == [0.02, None]
+    assert matrix.estimated_cost[0] == [0.021, 0.05]
+
+
+def test_a_running_job_says_its_phase_until_it_ends(session: Session) -> None:
+    model, _ = put_model(session, spec=tiny_spec())
+    job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())
+    assert claim_job(session, owner="r1", lease_seconds=60, job_id=job.id) is not None
+    assert not set_job_phase(session, job_id=job.id, owner="r2", phase="estimates")
+    assert set_job_phase(session, job_id=job.id, owner="r1", phase="verification round 3")
+    session.expire_all()  # the update bypassed the session's copy of the row
+    row = get_job(session, job_id=job.id)
+    assert row is not None
+    assert job_to_schema(session, row).phase == "verification round 3"
+    finish_job(session, job_id=job.id, owner="r1", status=JobStatus.failed, error="x")
+    session.refresh(row)
+    assert job_to_schema(session, row).phase is None
 
 
 def test_estimated_stages_keep_their_estimate_and_count_as_done(session: Session) -> None:
