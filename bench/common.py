@@ -118,17 +118,18 @@ def median(values: Iterable[float]) -> float:
 
 
 def side_by_side(
-    title: str, rows: Sequence[tuple[str, Any, Any]], names: tuple[str, str]
+    title: str, rows: Sequence[tuple[Any, ...]], names: tuple[str, ...]
 ) -> "Table":
-    """A table of figures: one row per figure, our value next to the baseline's."""
+    """A table of figures: one row per figure (its label, then one value per name), our
+    value next to the baselines'."""
     from rich.table import Table
 
     table = Table(title=title)
     table.add_column("figure")
-    table.add_column(names[0], justify="right")
-    table.add_column(names[1], justify="right")
-    for label, ours, theirs in rows:
-        table.add_row(label, fmt(ours), fmt(theirs))
+    for name in names:
+        table.add_column(name, justify="right")
+    for label, *values in rows:
+        table.add_row(label, *(fmt(v) for v in values))
     return table
 
 

@@ -3,9 +3,11 @@
 A 16-block GPT (zoo `gpt`, small widths) on 1 host x 4 virtual CPU devices, B micro-batches,
 planned twice on the same local Ray with the same number of actors, each on a fresh SQLite
 store:
-- ours: reuse by stage fingerprint (identical blocks measured once) + DP-guided pruning
-  (`PlanOptions.prune`: small stages first; a candidate that cannot beat the best measured
-  plan is skipped);
+- ours: reuse by stage fingerprint (identical blocks measured once) + the estimate search
+  (`PlanOptions.search = "estimate"`: layer profiles first, every stage estimated from them,
+  exact measurements only for the stages of the plans that could be best);
+- prune (`--only prune` or `all`): the search before estimates (`search = "prune"`: small
+  stages first; a candidate that cannot beat the best measured plan is skipped);
 - exhaustive: every (start, end, submesh, config) compiled and timed on its own, as Alpa does
   (`RunnerConfig(reuse_stages=False)`, `PlanOptions(prune=False)`).
 The config space is `data_parallel_only` with the `data` strategy (one config per submesh,
@@ -48,7 +50,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help="tiny widths and 2 repeats (smoke tests)"
     )
     parser.add_argument(
-        "--only", choices=["both", "ours", "exhaustive"], default="both", help="runs to do"
+        "--only",
+        choices=["both", "ours", "exhaustive", "prune", "all"],
+        default="both",
+        help="runs to do: both = ours and exhaustive; prune = the search before estimates "
+        "(every stage that could be in a better plan); all = the three",
+    )
+    parser.add_argument(
+        "--exhaustive-from",
+        help="a directory of an earlier `--only exhaustive --work-dir DIR` run (its "
+        "exhaustive.db and the JSON line it printed, saved as DIR/run.log) to compare with "
+        "instead of running it again (said in the JSON: exhaustive_from)",
     )
     parser.add_argument(
         "--ours-runs", type=int, default=1, help="cold runs of ours (do they plan the same?)"
@@ -103,6 +115,8 @@ def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
         "plan": common.plan_keys(plan) if plan else None,
         "plan_cost_s": plan.dp_cost_s if plan else None,
         "breakdown": breakdown(run, workers),
+        # search: estimate only (layer profiles, verified full stages, estimate error)
+        "search": plan.search.model_dump() if plan and plan.search else None,
     }
 
 
@@ -135,12 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     setups = {
         "ours": (PlanOptions(**base, prune=True), RunnerConfig(num_workers=args.workers)),
+        "prune": (
+            PlanOptions(**base, search="prune"),
+            RunnerConfig(num_workers=args.workers),
+        ),
         "exhaustive": (
             PlanOptions(**base, prune=False),
             RunnerConfig(num_workers=args.workers, reuse_stages=False),
         ),
     }
-    names = list(setups) if args.only == "both" else [args.only]
+    names = {
+        "both": ["ours", "exhaustive"],
+        "all": ["ours", "prune", "exhaustive"],
+    }.get(args.only, [args.only])
+    stored = None
+    if args.exhaustive_from:
+        names = [n for n in names if n != "exhaustive"]
+        stored = load_exhaustive(Path(args.exhaustive_from))
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="stageprof-ttp-"))
     work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, common.JobRun] = {}
@@ -153,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         runs[name] = common.run_job(sessions, spec, cluster, options, runner_config)
         common.logger.warning("%s: %.1f s", name, time.perf_counter() - began)
-    out = report(args, spec, runs, widths, repeats)
+    out = report(args, spec, runs, widths, repeats, stored)
     common.emit_json(out)
     return 0 if all(r.outcome.plan is not None for r in runs.values()) else 1
 
@@ -164,8 +189,10 @@ def report(
     runs: dict[str, common.JobRun],
     widths: dict[str, int],
     repeats: int,
+    stored: tuple[common.JobRun, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Print the side-by-side table and return the JSON figures."""
+    """Print the side-by-side table and return the JSON figures (`stored`: an earlier
+    exhaustive run and its figures, compared with instead of a run of this one)."""
     out: dict[str, Any] = {
         "model": "gpt",
         "blocks": args.layers,
@@ -181,6 +208,14 @@ def report(
         "commit": common.git_commit(),
     }
     figures = {name: summarize(run, args.workers) for name, run in runs.items()}
+    if stored is not None:
+        runs["exhaustive"] = stored[0]
+        figures["exhaustive"] = stored[1]
+        out["exhaustive_from"] = {
+            "dir": args.exhaustive_from,
+            "commit": stored[1].get("commit"),
+            "load_avg": stored[1].get("load_avg"),
+        }
     out |= figures
     ours_runs = [run for name, run in runs.items() if name.split(".")[0] == "ours"]
     if len(ours_runs) > 1:
@@ -212,6 +247,44 @@ def report(
     return out
 
 
+def load_exhaustive(directory: Path) -> tuple[common.JobRun, dict[str, Any]]:
+    """An earlier exhaustive run: its table from DIR/exhaustive.db, its figures from the
+    JSON line it printed (DIR/run.log)."""
+    import json
+    from types import SimpleNamespace
+
+    from sqlalchemy import select
+
+    from store import job_plan, job_results, session_scope
+    from store.tables import JobCandidateRow as C
+    from store.tables import JobRow
+
+    lines = (directory / "run.log").read_text().splitlines()
+    printed = json.loads(next(x for x in reversed(lines) if x.startswith("{")))
+    figures = printed["exhaustive"] | {"commit": printed.get("commit")}
+    sessions = common.sqlite_sessions(directory / "exhaustive.db")
+    with session_scope(sessions) as s:
+        row = s.scalars(select(JobRow)).one()
+        results = dict(job_results(s, job_id=row.id))
+        keys = s.execute(select(C.start, C.end, C.submesh_id, C.config_id, C.fingerprint))
+        fingerprints = {(a, b, m, c): fp for a, b, m, c, fp in keys}
+        plan = job_plan(row)
+        job_id = row.id
+    outcome = SimpleNamespace(plan=plan, status=None, error=None, stats=None)
+    run = common.JobRun(
+        job_id,
+        outcome,
+        figures["wall_s"],
+        results,
+        0.0,
+        busy_seconds=0.0,
+        tasks=0,
+        load_avg=figures.get("load_avg", 0.0),
+        fingerprints=fingerprints,
+    )
+    return run, figures
+
+
 def same_stage_spread(exh: common.JobRun, fingerprints: dict) -> dict[str, Any]:
     """Timing noise inside the exhaustive table: candidates that are one stage (equal stage
     fingerprint: identical blocks) were measured separately there. Median over such pairs of
@@ -235,10 +308,10 @@ def same_stage_spread(exh: common.JobRun, fingerprints: dict) -> dict[str, Any]:
 
 def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> None:
     con = common.console()
-    names = ("ours", "exhaustive")
+    names = ("ours", "prune", "exhaustive")
     get = {n: figures.get(n, {}) for n in names}
     rows = [
-        (label, get["ours"].get(k), get["exhaustive"].get(k))
+        (label, get["ours"].get(k), get["prune"].get(k), get["exhaustive"].get(k))
         for label, k in (
             ("candidates", "candidates"),
             ("distinct stages", "distinct_stages"),
@@ -257,14 +330,24 @@ def print_tables(out: dict[str, Any], figures: dict[str, dict[str, Any]]) -> Non
         "compile_apply_grad_s",
         "compile_backward_per_stage_s",
     ):
-        rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
+        rows.append((k, *(_bd(get[n], k) for n in names)))
     for k in ("timed_runs_s", "task_other_s", "idle_s", "store_s", "actor_s"):
-        rows.append((k, _bd(get["ours"], k), _bd(get["exhaustive"], k)))
+        rows.append((k, *(_bd(get[n], k) for n in names)))
+    for label, k in (
+        ("layer profiles measured", "layer_profiles"),
+        ("full stages measured (verified)", "verified"),
+        ("stages estimated only", "estimated"),
+        ("rounds", "rounds"),
+        ("estimate error, median", "estimate_error_median"),
+        ("estimate error, max", "estimate_error_max"),
+        ("error band", "error_band"),
+    ):
+        rows.append((label, *((get[n].get("search") or {}).get(k) for n in names)))
     title = (
         f"time to plan: gpt {out['blocks']} blocks, {out['cluster']}, B={out['micro_batches']}, "
         f"{out['config_space']} {out['strategies']}"
     )
-    con.print(common.side_by_side(title, rows, ("ours", "exhaustive")))
+    con.print(common.side_by_side(title, rows, ("ours (estimate)", "prune", "exhaustive")))
     for name in names:
         if get[name].get("plan"):
             con.print(f"{name} plan (start, end, submesh, config): {get[name]['plan']}")

@@ -114,16 +114,17 @@ def test_compose_topology_plans_a_zoo_model_and_reuses_every_profile(tmp_path: P
             assert second.status == JobStatus.done, second.error
             p1, p2 = first.progress, second.progress
             assert p2.measured == 0, p2
-            assert (p2.candidates, p2.distinct_stages, p2.pruned) == (
+            assert (p2.candidates, p2.distinct_stages, p2.pruned, p2.estimated) == (
                 p1.candidates,
                 p1.distinct_stages,
                 p1.pruned,
+                p1.estimated,
             )
             rows = list(api.iter_profiles(job_id=second.id, sort="start"))
             recorded = [r for r in rows if r["profile_id"] is not None]
             assert recorded and all(r["reused"] for r in recorded)
             stages = {r["fingerprint"] for r in recorded}
-            assert p2.reused == len(stages) == p2.done - p2.pruned - p2.failed
+            assert p2.reused == len(stages) == p2.done - p2.pruned - p2.failed - p2.estimated
             assert p2.pruned == len({r["fingerprint"] for r in rows if r["status"] == "pruned"})
             assert second.model_id == first.model_id  # the same spec, stored once
             assert api.get_plan(second.id).stages == api.get_plan(first.id).stages
@@ -137,7 +138,7 @@ def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
     assert job.status == JobStatus.done, job.error
     assert job.model_id is not None and job.zoo is not None and job.zoo.name == "gpt"
     p = job.progress
-    assert p.distinct_stages == p.done == p.measured + p.reused + p.failed + p.pruned > 0
+    assert p.distinct_stages == p.done == p.measured + p.reused + p.failed + p.pruned + p.estimated > 0
 
     plan = api.get_plan(job.id)
     covered = [i for st in plan.stages for i in range(st.start, st.end + 1)]

@@ -48,6 +48,10 @@ class JobStats:
     def pruned(self) -> int:
         return self.progress.pruned
 
+    @property
+    def estimated(self) -> int:
+        return self.progress.estimated
+
     def as_dict(self) -> dict[str, float | int]:
         counts: dict[str, float | int] = dict(self.progress.model_dump())
         return counts | {
