@@ -20,6 +20,11 @@ MEASUREMENT_METHOD = 2
 # (`stage_fingerprint(..., split_backward=True)` names it), never the other way round.
 SPLIT_BACKWARD_KEY = "split_backward"
 
+# The canonical document's key for a stage measured with its runs of identical layers as
+# `lax.scan`s (`STAGEPROF_SCAN_STAGES`, `workers.measure.compose_scan`): present only then, so a
+# scanned measurement is never taken for an unrolled one, nor the other way round.
+SCAN_RUNS_KEY = "scan_runs"
+
 # PlanOptions fields that change a measurement (the rest only steer planning or limits).
 MEASUREMENT_OPTIONS: tuple[str, ...] = (
     "optimizer",
@@ -110,6 +115,7 @@ def stage_fingerprint_doc(
     split = options.measures_split_backward if split_backward is None else split_backward
     return {
         **({SPLIT_BACKWARD_KEY: True} if split else {}),
+        **_scan_runs(spec, start, end, config, split),
         "layers": layers,
         "inputs": [[name(v.name)] + _shape(v) for v in inputs],
         "outputs": [[name(v.name)] + _shape(v) for v in outputs],
@@ -124,6 +130,20 @@ def stage_fingerprint_doc(
         "profile": {k: getattr(options, k) for k in MEASUREMENT_OPTIONS},
         "method": MEASUREMENT_METHOD,
     }
+
+
+def _scan_runs(
+    spec: ModelSpec, start: int, end: int, config: ShardingConfig, split: bool
+) -> dict[str, Any]:
+    """`{SCAN_RUNS_KEY: [[offset in the stage, length], ...]}` when the stage is measured with
+    runs of identical layers scanned (`workers.measure.scan_runs`), else nothing: a stage
+    measured unrolled keeps the fingerprint it always had."""
+    from workers.measure.scan_runs import find_runs, scan_stages_enabled
+
+    if not scan_stages_enabled(split):
+        return {}
+    runs = find_runs(spec, start, end, config)
+    return {SCAN_RUNS_KEY: [[r.first - start, r.length] for r in runs]} if runs else {}
 
 
 def stage_fingerprint(
