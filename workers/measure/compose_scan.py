@@ -125,6 +125,11 @@ def compose_scan_stage(
                 if kind == "bcast"
             }
         )
+        if step.out_from_next:  # the run's output: the last layer's saved output, once
+            last = body[-1]
+            once.update(
+                {last.outputs[q].name: last.outputs[q] for k, q in step.saved if k == "out"}
+            )
         name = _run_name(layers, step)
         first_res = len(residuals)
         residuals += [_stacked(r, f"{name}/{r.name}", step.length) for r in body[0].residuals]
@@ -132,7 +137,7 @@ def compose_scan_stage(
         residuals += [
             _stacked(var_of[n], f"{name}/saved{j}", step.length)
             for j, ((kind, _), n) in enumerate(zip(step.saved, body[0].saved, strict=True))
-            if kind != "bcast"
+            if step.stacks(kind)
         ]
     stash = list(once.values()) + residuals
     run_residuals = [tuple(len(once) + k for k in ks) for ks in run_residuals]
@@ -159,7 +164,7 @@ def _saved_name(layers: Sequence[LayerSpec], run: Run, j: int) -> str:
 
 def _stacked_saved(layers: Sequence[LayerSpec], run: Run) -> list[str]:
     """Stash names of the run's stacked saved vars, in its pattern's order."""
-    return [_saved_name(layers, run, j) for j, (k, _) in enumerate(run.saved) if k != "bcast"]
+    return [_saved_name(layers, run, j) for j, (k, _) in enumerate(run.saved) if run.stacks(k)]
 
 
 def _layer_forward(layer: LayerSpec, env: dict[str, jax.Array]) -> None:
@@ -184,7 +189,7 @@ def _run_forward(layers: Sequence[LayerSpec], run: Run, env: dict[str, jax.Array
         results = fwd.call(*xs, *[ins[p] for p in range(len(first.inputs))])
         outs, res = results[:n_out], results[n_out:]
         saved = [
-            ins[pos] if kind == "in" else outs[pos] for kind, pos in run.saved if kind != "bcast"
+            ins[pos] if kind == "in" else outs[pos] for kind, pos in run.saved if run.stacks(kind)
         ]
         return tuple(outs), (tuple(res), tuple(saved))
 
@@ -237,14 +242,23 @@ def _run_backward(
     bcast_pos = [p for p in grad_pos if p not in output_of]
     n_p = len(first.params)
 
+    # with `out_from_next`, a layer's saved outputs are the next layer's inputs: carried back
+    out_qs = [q for k, q in run.saved if k == "out" and not run.stacks(k)]
+
     def body(carry: tuple, xs: tuple) -> tuple[tuple, tuple]:
-        ct_out, acc = carry
+        ct_out, acc, nxt = carry
         params, res, stacked = xs
         rest = iter(stacked)
-        saved = [
-            env[n] if k == "bcast" else next(rest)
-            for (k, _), n in zip(run.saved, first.saved, strict=True)
-        ]
+        ins: dict[int, jax.Array] = {}
+        saved = []
+        for (k, pos), n in zip(run.saved, first.saved, strict=True):
+            if k == "bcast":
+                saved.append(env[n])
+            elif run.stacks(k):
+                saved.append(next(rest))
+                ins[pos] = saved[-1]
+            else:
+                saved.append(nxt[out_qs.index(pos)])
         results = bwd.call(*params, *saved, *res, *ct_out)
         new_ct: list = [None] * len(ct_out)
         acc = list(acc)
@@ -253,11 +267,14 @@ def _run_backward(
                 new_ct[output_of[p]] = g
             else:
                 acc[bcast_pos.index(p)] = acc[bcast_pos.index(p)] + g
-        return (tuple(new_ct), tuple(acc)), tuple(results[:n_p])
+        nxt = tuple(ins[input_of[q]] for q in out_qs)
+        return (tuple(new_ct), tuple(acc), nxt), tuple(results[:n_p])
 
+    input_of = {q: p for p, q in run.carry}
     ct0 = tuple(ct[v.name] if v.name in ct else _zeros(v) for v in last.outputs)
     acc0 = tuple(_zeros(first.inputs[p]) for p in bcast_pos)
-    (ct_first, acc), param_grads = jax.lax.scan(body, (ct0, acc0), xs, reverse=True)
+    nxt0 = tuple(env[last.outputs[q].name] for q in out_qs)
+    (ct_first, acc, _), param_grads = jax.lax.scan(body, (ct0, acc0, nxt0), xs, reverse=True)
     grads.update(zip(stacked_names, param_grads, strict=True))
     for p, q in run.carry:
         _add(ct, first.inputs[p].name, ct_first[q])

@@ -41,6 +41,17 @@ class Run:
     def carried_inputs(self) -> frozenset[int]:
         return frozenset(p for p, _ in self.carry)
 
+    @property
+    def out_from_next(self) -> bool:
+        """Whether the layers save both a carried input and the output feeding it: the scan
+        then stacks the inputs only, and a layer's saved output is the next one's input (the
+        last one's, the run's output, is stashed once), as the unrolled stash keeps each once."""
+        return {"in", "out"} <= {kind for kind, _ in self.saved}
+
+    def stacks(self, kind: str) -> bool:
+        """Whether saved vars of this kind are stacked per iteration."""
+        return kind == "in" or (kind == "out" and not self.out_from_next)
+
 
 def scan_stages_enabled(split_backward: bool) -> bool:
     """Whether a stage is measured with its runs scanned: `STAGEPROF_SCAN_STAGES` on, and no
@@ -156,7 +167,9 @@ def _checked(
     if len(patterns) != 1:
         return None
     (saved,) = patterns
-    if {"in", "out"} <= {kind for kind, _ in saved}:
+    saved_in = {pos for kind, pos in saved if kind == "in"}
+    input_of = {q: p for p, q in carry}
+    if saved_in and any(kind == "out" and input_of[q] not in saved_in for kind, q in saved):
         return None  # the carried vars would be stacked twice
     for layer in body:
         if any(layer.inputs[p].dtype not in FLOAT_DTYPES for p in carried):
@@ -173,10 +186,8 @@ def stacked_saved_names(layers: Sequence[LayerSpec], run: Run) -> set[str]:
     names = set()
     for layer in layers[run.first : run.last + 1]:
         for kind, pos in run.saved:
-            if kind == "in":
-                names.add(layer.inputs[pos].name)
-            elif kind == "out":
-                names.add(layer.outputs[pos].name)
+            if run.stacks(kind):
+                names.add((layer.inputs if kind == "in" else layer.outputs)[pos].name)
     return names
 
 
