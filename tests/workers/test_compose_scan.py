@@ -256,3 +256,17 @@ def test_measuring_with_scan_stages_on(gpt: ModelSpec, monkeypatch: pytest.Monke
     assert abs(scanned.flops - unrolled.flops) <= 0.10 * unrolled.flops
     names = [n for m in scanned.module_profile_results for n in m.invar_names]
     assert any(n.endswith(f"[:{BLOCKS}]") for n in names)  # stacked parameters
+
+
+def test_the_scan_stages_setting_is_off_unless_on() -> None:
+    assert not env_settings({}).scan_stages
+    for value, on in [("1", True), ("On", True), ("yes", True), ("0", False), ("", False)]:
+        assert env_settings({"STAGEPROF_SCAN_STAGES": value}).scan_stages is on
+
+
+def test_actors_follow_the_runner_s_scan_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner fingerprints a stage as its actors measure it: they get its setting."""
+    from workers.cluster.host_group import worker_env
+
+    monkeypatch.setenv("STAGEPROF_SCAN_STAGES", "1")
+    assert worker_env(2, use_gpus=False)["STAGEPROF_SCAN_STAGES"] == "1"

@@ -95,7 +95,8 @@ def stage_fingerprint_doc(
 ) -> dict[str, Any]:
     """The canonical document hashed by `stage_fingerprint` (var names replaced by their
     order of first appearance in the stage, so identical blocks anywhere hash the same).
-    `split_backward` (default: `options.measures_split_backward`) adds `SPLIT_BACKWARD_KEY`."""
+    `split_backward` (default: `options.measures_split_backward`) adds `SPLIT_BACKWARD_KEY`; a
+    stage measured with runs scanned (`STAGEPROF_SCAN_STAGES`) adds `SCAN_RUNS_KEY`."""
     canon: dict[str, str] = {}
 
     def name(n: str) -> str:
@@ -159,7 +160,8 @@ def stage_fingerprint(
 ) -> str:
     """sha256 (hex) of the stage's canonical JSON: layer fingerprints and wiring, stage
     input/output shapes, submesh, config, device kind, jax version, measurement options,
-    and whether the backward is split (`split_backward`, default from `options`)."""
+    whether the backward is split (`split_backward`, default from `options`) and which runs of
+    identical layers are measured as scans."""
     doc = stage_fingerprint_doc(
         spec, start, end, submesh, config, device_kind, jax_version, options, split_backward
     )

@@ -3,19 +3,22 @@
 Each stacked parameter is sharded as its layers' parameters under the stage's config, the new
 layer axis replicated. XLA's cost analysis counts a while loop's body once, whatever its trip
 count: the scanned forward's (backward's) FLOPs add (k - 1) times the FLOPs of the layer's
-forward (backward) program compiled alone under the shardings it has in the scan, and that
-compile's seconds are counted in the module's compile time.
+forward (backward) program compiled alone under the shardings it has in the scan (once per
+layer fingerprint and shardings in a process: `layer_flops`), and that compile's seconds are
+counted in the module's compile time.
 """
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from programs import load_layer
-from schemas import ModelSpec, ShardingConfig, VarSpec
+from schemas import LayerSpec, ModelSpec, ShardingConfig, VarSpec
 from workers.measure.compose_scan import ScanStageProgram, compose_scan_stage, float_outputs
+from workers.measure.fingerprint import layer_key
 from workers.measure.scan_runs import Run
 from workers.measure.sharding import DATA_AXIS, StageShardings, batch_spec
 from workers.measure.stage_modules import CompiledModule, StageModules
@@ -33,6 +36,25 @@ def scan_shardings(program: ScanStageProgram, unrolled: StageShardings) -> Stage
     return StageShardings(mesh=unrolled.mesh, params=params, inputs=unrolled.inputs)
 
 
+_LAYER_FLOPS: dict[tuple, float] = {}
+_LAYER_FLOPS_SIZE = 256
+
+
+def layer_flops(layer: LayerSpec, forward: bool, args: Sequence[jax.ShapeDtypeStruct]) -> float:
+    """FLOPs (cost analysis) of the layer's forward (backward) program compiled alone on
+    `args`, kept per layer fingerprint, program and sharded arguments: the candidates of a job
+    that share a block and a sharding compile it once."""
+    shapes = tuple((a.shape, str(a.dtype), repr(a.sharding)) for a in args)
+    key = (layer_key(layer), forward, shapes)
+    if key not in _LAYER_FLOPS:
+        program = load_layer(layer)[0 if forward else 1]
+        costs = jax.jit(program.call).lower(*args).compile().cost_analysis() or {}
+        if len(_LAYER_FLOPS) >= _LAYER_FLOPS_SIZE:
+            _LAYER_FLOPS.clear()
+        _LAYER_FLOPS[key] = max(0.0, float(costs.get("flops", 0.0)))
+    return _LAYER_FLOPS[key]
+
+
 class ScanStageModules(StageModules):
     """`StageModules` of a scanned stage: forward's and backward's FLOPs add what the cost
     analysis leaves out, (k - 1) x the layer program's FLOPs per run (see the module doc)."""
@@ -48,6 +70,7 @@ class ScanStageModules(StageModules):
         self.scan = program
         self.layers = spec.layers
         self.unrolled = unrolled
+        self.loop_flops_seconds: dict[str, float] = {}  # per module: compiling layer_flops
 
     def compile_forward(self) -> CompiledModule:
         return self._with_loop_flops(super().compile_forward(), forward=True)
@@ -59,11 +82,12 @@ class ScanStageModules(StageModules):
         t0 = time.perf_counter()
         flops = 0.0
         for i, run in enumerate(self.scan.runs):
-            program = load_layer(self.layers[run.first])[0 if forward else 1]
-            args = self._body_args(i, run, forward)
-            costs = jax.jit(program.call).lower(*args).compile().cost_analysis() or {}
-            flops += (run.length - 1) * max(0.0, float(costs.get("flops", 0.0)))
+            layer = self.layers[run.first]
+            flops += (run.length - 1) * layer_flops(
+                layer, forward, self._body_args(i, run, forward)
+            )
         seconds = time.perf_counter() - t0
+        self.loop_flops_seconds[module.kind.value] = seconds
         return dataclasses.replace(
             module,
             compile_seconds=module.compile_seconds + seconds,
