@@ -3,11 +3,13 @@ wire")."""
 
 import hashlib
 import json
-from collections import OrderedDict
 from typing import Any
 
-from programs import layer_fingerprint
-from schemas import LayerSpec, ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
+from schemas import ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
+from workers.measure.layer_keys import layer_key
+from workers.measure.scan_runs import find_runs, scan_stages_enabled
+
+__all__ = ["layer_key", "stage_fingerprint", "stage_fingerprint_doc", "stage_io"]
 
 # How a stage is measured: 2 = layer pairs (no recomputation), stash of residuals, CPU peak
 # with temporaries, adaptive timing. Results of another method are never reused for these.
@@ -51,31 +53,6 @@ def stage_io(spec: ModelSpec, start: int, end: int) -> tuple[list[VarSpec], list
         used_after.add(spec.loss)
     outputs = [v for name, v in produced.items() if name in used_after]
     return list(inputs.values()), outputs
-
-
-_LAYER_CACHE_SIZE = 4096
-_layer_fps: OrderedDict[int, tuple[LayerSpec, str]] = OrderedDict()
-
-
-def layer_key(layer: LayerSpec) -> str:
-    """The layer's fingerprint, recomputed from its programs (`programs.layer_fingerprint`):
-    a fingerprint a spec merely claims never keys a measurement. A layer without programs
-    (a stored skeleton) keeps the fingerprint stored with it."""
-    hit = _layer_fps.get(id(layer))
-    if hit is not None and hit[0] is layer:
-        return hit[1]
-    if not (layer.forward and layer.backward):
-        fp = layer.fingerprint
-    else:
-        try:
-            fp = layer_fingerprint(layer)
-        except Exception:  # noqa: BLE001 - unreadable programs fail later, when composed
-            raw = (layer.forward + "\n" + layer.backward).encode()
-            fp = "unreadable-programs:" + hashlib.sha256(raw).hexdigest()
-    _layer_fps[id(layer)] = (layer, fp)
-    if len(_layer_fps) > _LAYER_CACHE_SIZE:
-        _layer_fps.popitem(last=False)
-    return fp
 
 
 def _shape(v: VarSpec) -> list[Any]:
@@ -139,8 +116,6 @@ def _scan_runs(
     """`{SCAN_RUNS_KEY: [[offset in the stage, length], ...]}` when the stage is measured with
     runs of identical layers scanned (`workers.measure.scan_runs`), else nothing: a stage
     measured unrolled keeps the fingerprint it always had."""
-    from workers.measure.scan_runs import find_runs, scan_stages_enabled
-
     if not scan_stages_enabled(split):
         return {}
     runs = find_runs(spec, start, end, config)

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from programs import load_layer
 from schemas import LayerSpec, ModelSpec, ShardingConfig, VarSpec
 from workers.measure.compose_scan import ScanStageProgram, compose_scan_stage, float_outputs
-from workers.measure.fingerprint import layer_key
+from workers.measure.layer_keys import layer_key
 from workers.measure.scan_runs import Run
 from workers.measure.sharding import DATA_AXIS, StageShardings, batch_spec
 from workers.measure.stage_modules import CompiledModule, StageModules

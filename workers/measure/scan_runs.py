@@ -14,8 +14,10 @@ the unrolled stage's stash. `find_runs` is pure (no devices): the stage fingerpr
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas import FLOAT_DTYPES, LayerSpec, ModelSpec, ShardingConfig
+from schemas import FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, ShardingConfig
 from schemas.settings import env_settings
+from workers.measure.layer_keys import layer_key
+from workers.measure.sharding import PARAM_RULES
 
 MIN_RUN = 2
 
@@ -94,9 +96,7 @@ def _same_body(a: LayerSpec, b: LayerSpec, key_a: str, key_b: str) -> bool:
 def _param_specs(spec: ModelSpec, start: int, end: int, config: ShardingConfig) -> dict[str, str]:
     """Each stage parameter's PartitionSpec under `config`, as text (the rule functions of
     `workers.measure.sharding` need no mesh)."""
-    from workers.measure.sharding import PARAM_RULES
-
-    params = {}
+    params: dict[str, ParamSpec] = {}
     for layer in spec.layers[start : end + 1]:
         for p in layer.params:
             params.setdefault(p.name, p)
@@ -109,8 +109,6 @@ def find_runs(
     spec: ModelSpec, start: int, end: int, config: ShardingConfig, min_length: int = MIN_RUN
 ) -> list[Run]:
     """The maximal runs (see the module doc) among layers start..end, in order."""
-    from workers.measure.fingerprint import layer_key
-
     layers = spec.layers
     keys = {i: layer_key(layers[i]) for i in range(start, end + 1)}
     readers: dict[str, list[int]] = {}
