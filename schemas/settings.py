@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ENV_PREFIX = "STAGEPROF_"
 DEFAULT_MAX_CANDIDATES = 20_000
 QUIET_TIMING_OFF = ("0", "false", "off", "no")
+SWITCH_ON = ("1", "true", "on", "yes")
 
 
 def env_name(field: str) -> str:
@@ -57,6 +58,11 @@ class EnvSettings(BaseSettings):
     timing_clock: str = Field(
         "wall", description="wall, or cpu: this process's CPU time on all-CPU devices."
     )
+    scan_stages: bool = Field(
+        False,
+        description="Measure a stage's runs of identical consecutive layers as one lax.scan "
+        "(workers.measure.compose_scan) instead of unrolled; on when set to 1, true, on or yes.",
+    )
 
     @field_validator("database_url", "timing_clock", mode="before")
     @classmethod
@@ -95,6 +101,11 @@ class EnvSettings(BaseSettings):
     @classmethod
     def _one_is_on(cls, v: Any) -> Any:
         return v == "1" if isinstance(v, str) else v
+
+    @field_validator("scan_stages", mode="before")
+    @classmethod
+    def _off_unless_on(cls, v: Any) -> Any:
+        return v.strip().lower() in SWITCH_ON if isinstance(v, str) else v
 
     @field_validator("quiet_timing", mode="before")
     @classmethod

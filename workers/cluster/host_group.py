@@ -27,7 +27,7 @@ from workers.cluster.placement import GroupShape, Layout
 logger = logging.getLogger(__name__)
 
 # Measurement settings of this process that its actors follow (workers.measure.quiet, timing).
-FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock")
+FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock", "scan_stages")
 # A backstop only: the group start kills a group's ranks as soon as one dies while joining.
 JOIN_TIMEOUT_S = 120
 # Test hook (tests/multihost): with STAGEPROF_TEST_HOLD_JOIN=<dir>, each rank of a group

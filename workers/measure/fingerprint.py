@@ -3,11 +3,13 @@ wire")."""
 
 import hashlib
 import json
-from collections import OrderedDict
 from typing import Any
 
-from programs import layer_fingerprint
-from schemas import LayerSpec, ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
+from schemas import ModelSpec, PlanOptions, ShardingConfig, SubmeshShape, VarSpec
+from workers.measure.layer_keys import layer_key
+from workers.measure.scan_runs import find_runs, scan_stages_enabled
+
+__all__ = ["layer_key", "stage_fingerprint", "stage_fingerprint_doc", "stage_io"]
 
 # How a stage is measured: 2 = layer pairs (no recomputation), stash of residuals, CPU peak
 # with temporaries, adaptive timing. Results of another method are never reused for these.
@@ -19,6 +21,11 @@ MEASUREMENT_METHOD = 2
 # one, a superset, is its *split twin*: a job that does not need the split may reuse it
 # (`stage_fingerprint(..., split_backward=True)` names it), never the other way round.
 SPLIT_BACKWARD_KEY = "split_backward"
+
+# The canonical document's key for a stage measured with its runs of identical layers as
+# `lax.scan`s (`STAGEPROF_SCAN_STAGES`, `workers.measure.compose_scan`): present only then, so a
+# scanned measurement is never taken for an unrolled one, nor the other way round.
+SCAN_RUNS_KEY = "scan_runs"
 
 # PlanOptions fields that change a measurement (the rest only steer planning or limits).
 MEASUREMENT_OPTIONS: tuple[str, ...] = (
@@ -48,31 +55,6 @@ def stage_io(spec: ModelSpec, start: int, end: int) -> tuple[list[VarSpec], list
     return list(inputs.values()), outputs
 
 
-_LAYER_CACHE_SIZE = 4096
-_layer_fps: OrderedDict[int, tuple[LayerSpec, str]] = OrderedDict()
-
-
-def layer_key(layer: LayerSpec) -> str:
-    """The layer's fingerprint, recomputed from its programs (`programs.layer_fingerprint`):
-    a fingerprint a spec merely claims never keys a measurement. A layer without programs
-    (a stored skeleton) keeps the fingerprint stored with it."""
-    hit = _layer_fps.get(id(layer))
-    if hit is not None and hit[0] is layer:
-        return hit[1]
-    if not (layer.forward and layer.backward):
-        fp = layer.fingerprint
-    else:
-        try:
-            fp = layer_fingerprint(layer)
-        except Exception:  # noqa: BLE001 - unreadable programs fail later, when composed
-            raw = (layer.forward + "\n" + layer.backward).encode()
-            fp = "unreadable-programs:" + hashlib.sha256(raw).hexdigest()
-    _layer_fps[id(layer)] = (layer, fp)
-    if len(_layer_fps) > _LAYER_CACHE_SIZE:
-        _layer_fps.popitem(last=False)
-    return fp
-
-
 def _shape(v: VarSpec) -> list[Any]:
     return [list(v.shape), v.dtype]
 
@@ -90,7 +72,8 @@ def stage_fingerprint_doc(
 ) -> dict[str, Any]:
     """The canonical document hashed by `stage_fingerprint` (var names replaced by their
     order of first appearance in the stage, so identical blocks anywhere hash the same).
-    `split_backward` (default: `options.measures_split_backward`) adds `SPLIT_BACKWARD_KEY`."""
+    `split_backward` (default: `options.measures_split_backward`) adds `SPLIT_BACKWARD_KEY`; a
+    stage measured with runs scanned (`STAGEPROF_SCAN_STAGES`) adds `SCAN_RUNS_KEY`."""
     canon: dict[str, str] = {}
 
     def name(n: str) -> str:
@@ -110,6 +93,7 @@ def stage_fingerprint_doc(
     split = options.measures_split_backward if split_backward is None else split_backward
     return {
         **({SPLIT_BACKWARD_KEY: True} if split else {}),
+        **_scan_runs(spec, start, end, config, split),
         "layers": layers,
         "inputs": [[name(v.name)] + _shape(v) for v in inputs],
         "outputs": [[name(v.name)] + _shape(v) for v in outputs],
@@ -126,6 +110,18 @@ def stage_fingerprint_doc(
     }
 
 
+def _scan_runs(
+    spec: ModelSpec, start: int, end: int, config: ShardingConfig, split: bool
+) -> dict[str, Any]:
+    """`{SCAN_RUNS_KEY: [[offset in the stage, length], ...]}` when the stage is measured with
+    runs of identical layers scanned (`workers.measure.scan_runs`), else nothing: a stage
+    measured unrolled keeps the fingerprint it always had."""
+    if not scan_stages_enabled(split):
+        return {}
+    runs = find_runs(spec, start, end, config)
+    return {SCAN_RUNS_KEY: [[r.first - start, r.length] for r in runs]} if runs else {}
+
+
 def stage_fingerprint(
     spec: ModelSpec,
     start: int,
@@ -139,7 +135,8 @@ def stage_fingerprint(
 ) -> str:
     """sha256 (hex) of the stage's canonical JSON: layer fingerprints and wiring, stage
     input/output shapes, submesh, config, device kind, jax version, measurement options,
-    and whether the backward is split (`split_backward`, default from `options`)."""
+    whether the backward is split (`split_backward`, default from `options`) and which runs of
+    identical layers are measured as scans."""
     doc = stage_fingerprint_doc(
         spec, start, end, submesh, config, device_kind, jax_version, options, split_backward
     )

@@ -32,6 +32,8 @@ from workers.measure.fingerprint import stage_fingerprint
 from workers.measure.hlo_stats import collective_bytes
 from workers.measure.memory import estimate_initial_bytes
 from workers.measure.quiet import compile_slot, timing_slot
+from workers.measure.scan_modules import scan_stage_modules
+from workers.measure.scan_runs import scan_stages_enabled
 from workers.measure.sharding import make_mesh, stage_shardings
 from workers.measure.stage_modules import CompiledModule, StageModules
 from workers.measure.timing import (
@@ -114,7 +116,7 @@ def _module_result(
         available_memory=available,
         compute_cost_samples_s=tuple(samples),
         compile_seconds=m.compile_seconds,
-        flops=max(0.0, float(costs.get("flops", 0.0))),
+        flops=max(0.0, float(costs.get("flops", 0.0))) + m.flops_uncounted,
         bytes_accessed=max(0.0, float(costs.get("bytes accessed", 0.0))),
         # one device has no collectives: skip printing its HLO (large for long stages)
         collective_bytes=collective_bytes((m.compiled.as_text() or "") if num_devices > 1 else ""),
@@ -381,7 +383,11 @@ def _measure(
     if options.measures_split_backward:
         with _failing_as(ProfileStatus.compile_error, "splitting the backward"):
             split = compose_split_backward(spec, start, end, program)
-    modules = StageModules(program, shardings, options.optimizer, split)
+    modules: StageModules | None = None
+    if scan_stages_enabled(split is not None):  # runs of identical layers as lax.scans
+        with _failing_as(ProfileStatus.compile_error, "composing the stage's scans"):
+            modules = scan_stage_modules(spec, start, end, config, shardings, options.optimizer)
+    modules = modules or StageModules(program, shardings, options.optimizer, split)
     _compile(modules, measured, deadline, available)
     _run(modules, measured, options, deadline)
 

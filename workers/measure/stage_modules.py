@@ -53,6 +53,8 @@ class CompiledModule:
     donated_invars: tuple[bool, ...]
     acc_grad_invars_indices: tuple[int, ...] = ()
     acc_grad_outvars_indices: tuple[int, ...] = ()
+    # FLOPs the compiled module's cost analysis leaves out (a scan's further iterations)
+    flops_uncounted: float = 0.0
 
     @functools.cached_property
     def memory(self) -> ModuleMemory:
