@@ -120,7 +120,10 @@ def test_worker_waits_out_a_database_outage_longer_than_its_lease(
         row = _job(sessions, job_id)
         assert row.status == "done", row.error
         total, done, profiles = _stored_once(sessions, job_id)
-        assert total == done and profiles == row.measured == row.distinct_stages - row.pruned - row.estimated
+        assert (
+            total == done
+            and profiles == row.measured == row.distinct_stages - row.pruned - row.estimated
+        )
         assert "retrying" in worker.log() or "cannot reach the store" in worker.log()
         with session_scope(sessions) as s:
             retries = read_counters(s).get("db_retries", 0)

@@ -138,7 +138,9 @@ def _plan_and_check(api: StageprofClient, stack: LocalStack, base: str) -> Job:
     assert job.status == JobStatus.done, job.error
     assert job.model_id is not None and job.zoo is not None and job.zoo.name == "gpt"
     p = job.progress
-    assert p.distinct_stages == p.done == p.measured + p.reused + p.failed + p.pruned + p.estimated > 0
+    assert (
+        p.distinct_stages == p.done == p.measured + p.reused + p.failed + p.pruned + p.estimated > 0
+    )
 
     plan = api.get_plan(job.id)
     covered = [i for st in plan.stages for i in range(st.start, st.end + 1)]
