@@ -117,9 +117,7 @@ def median(values: Iterable[float]) -> float:
     return float(statistics.median(data)) if data else math.nan
 
 
-def side_by_side(
-    title: str, rows: Sequence[tuple[Any, ...]], names: tuple[str, ...]
-) -> "Table":
+def side_by_side(title: str, rows: Sequence[tuple[Any, ...]], names: tuple[str, ...]) -> "Table":
     """A table of figures: one row per figure (its label, then one value per name), our
     value next to the baselines'."""
     from rich.table import Table
