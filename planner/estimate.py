@@ -63,32 +63,34 @@ def layer_profile_keys(space: CandidateSpace) -> list[Key]:
 def with_layer_profiles(
     space: CandidateSpace, layer_fingerprints: Sequence[str]
 ) -> tuple[CandidateSpace, list[Key]]:
-    """The space with the layer profiles its estimates need, and the stages to measure
-    directly instead of estimating.
+    """The space with the layer profiles its estimates need, and the stages estimated by
+    scaling instead.
 
     A submesh using every device holds only the whole model (Alpa's rule), so it has no
     layer profiles of its own. Where measuring its distinct layers and adjacent pairs
     compiles fewer layers than the whole model, they are added (no plan uses them but the
-    one-stage plan's estimate); otherwise its whole-model stages are measured directly."""
+    one-stage plan's estimate). Otherwise its whole-model stages are estimated by perfect
+    scaling from a smaller submesh (`scaled_estimate`), an optimistic bound: they are
+    measured when a plan that could be best holds one."""
     num_layers = len(layer_fingerprints)
     singles = len(set(layer_fingerprints))
     pairs = len(set(zip(layer_fingerprints, layer_fingerprints[1:], strict=False)))
     keys = list(space.keys)
     have = {k.as_tuple() for k in keys}
-    direct: list[Key] = []
+    scaled: list[Key] = []
     for m in range(len(space.submeshes)):
         own = [k for k in have if k[2] == m]
         if not own or any(is_layer_profile(k) for k in own) or num_layers <= 2:
             continue
         if singles + 2 * pairs >= num_layers:
-            direct += sorted(k for k in own if (k[0], k[1]) == (0, num_layers - 1))
+            scaled += sorted(k for k in own if (k[0], k[1]) == (0, num_layers - 1))
             continue
         for c in range(len(space.configs[m])):
             for a in range(num_layers):
                 for b in (a, a + 1):
                     if b < num_layers and (a, b, m, c) not in have:
                         keys.append(StageKey(start=a, end=b, submesh_id=m, config_id=c))
-    return CandidateSpace(space.submeshes, space.configs, keys), direct
+    return CandidateSpace(space.submeshes, space.configs, keys), scaled
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,13 @@ from numpy.typing import NDArray
 
 from planner.estimate import StageEstimator, is_layer_profile
 from planner.table import CostTable, Key
-from schemas import ModuleKind, ProfileStatus, StageProfileResult, max_n_succ_stages
+from schemas import (
+    ModuleKind,
+    ModuleProfileResult,
+    ProfileStatus,
+    StageProfileResult,
+    max_n_succ_stages,
+)
 
 FloatArray = NDArray[np.float64]
 MODULES = {
@@ -61,10 +67,17 @@ class EstimatedTable:
 
 
 def estimated_table(
-    estimator: StageEstimator, measured: CostTable, candidates: set[Key], num_layers: int
+    estimator: StageEstimator,
+    measured: CostTable,
+    candidates: set[Key],
+    num_layers: int,
+    scaled: frozenset[Key] = frozenset(),
 ) -> EstimatedTable:
     """`measured` (built from the measured results) with every unmeasured candidate that
-    can be estimated filled in."""
+    can be estimated filled in; `scaled` (whole-model stages on every device, see
+    `planner.with_layer_profiles`) at the perfect-scaling bound of the fastest estimate of
+    the whole model on a smaller submesh: its times and memory times d / D for d of its
+    devices and D of every device."""
     arrays = {
         name: np.array(getattr(measured, name))
         for name in (
@@ -91,7 +104,7 @@ def estimated_table(
     lazy: dict[Key, tuple[int, int]] = {}
     mesh_of: dict[tuple[int, int], dict[str, FloatArray]] = {}
     for m, c in sorted({(k[2], k[3]) for k in candidates}):
-        wanted = [k for k in candidates if k[2:] == (m, c) and k not in known]
+        wanted = [k for k in candidates if k[2:] == (m, c) and k not in known | scaled]
         if not wanted:
             continue
         est = _mesh_estimates(estimator, m, c, num_layers, law, corrections)
@@ -116,9 +129,12 @@ def estimated_table(
             arrays["max_n_succ_stages"][key] = _succ(avail, fixed, inter)
             estimated.add(key)
             lazy[key] = (m, c)
+    for key in sorted(scaled - known):
+        if _scale_into(arrays, key, estimator):
+            estimated.add(key)
     table = dataclasses.replace(
         measured,
-        results=_LazyResults(results, lazy, mesh_of, estimator),
+        results=_LazyResults(results, lazy, mesh_of, estimator, scaled - known),
         forward=arrays["forward"],
         backward=arrays["backward"],
         input_grad=arrays["input_grad"],
@@ -130,7 +146,41 @@ def estimated_table(
         fixed_bytes=arrays["fixed_bytes"],
         available=arrays["available"],
     )
+    assert isinstance(table.results, _LazyResults)
+    table.results.table = table
     return EstimatedTable(table, frozenset(estimated))
+
+
+def _scale_into(arrays: dict[str, FloatArray], key: Key, estimator: StageEstimator) -> bool:
+    """Fill `key` (the whole model on every device) from the fastest whole-model stage on
+    a smaller submesh, perfectly scaled; False when there is none."""
+    a, b, m, _ = key
+    devices = [s.num_devices for s in estimator.space.submeshes]
+    total = arrays["forward"] + arrays["backward"]
+    best: tuple[float, Key] | None = None
+    for other in range(len(devices)):
+        if other == m:
+            continue
+        for c in range(total.shape[3]):
+            t = float(total[a, b, other, c]) * devices[other] / devices[m]
+            if np.isfinite(t) and (best is None or t < best[0]):
+                best = (t, (a, b, other, c))
+    if best is None:
+        return False
+    src = best[1]
+    ratio = devices[src[2]] / devices[m]
+    for name in ("forward", "backward", "input_grad", "weight_grad"):
+        arrays[name][key] = arrays[name][src] * ratio
+    avail = float(estimator.available_memory)
+    fixed = float(arrays["fixed_bytes"][src]) * ratio
+    inter = float(arrays["intermediate"][src]) * ratio
+    arrays["available"][key] = avail
+    arrays["fixed_bytes"][key] = fixed
+    arrays["free_bytes"][key] = avail - fixed
+    arrays["intermediate"][key] = inter
+    arrays["weight_stash"][key] = float(arrays["weight_stash"][src]) * ratio
+    arrays["max_n_succ_stages"][key] = _succ(avail, fixed, inter)
+    return True
 
 
 def _succ(available: float, fixed: float, intermediate: float) -> int:
@@ -203,14 +253,21 @@ class _LazyResults(Mapping[Key, StageProfileResult]):
         lazy: dict[Key, tuple[int, int]],
         mesh_of: dict[tuple[int, int], dict[str, FloatArray]],
         estimator: StageEstimator,
+        scaled: frozenset[Key] = frozenset(),
     ) -> None:
         self._measured, self._lazy, self._mesh_of = measured, lazy, mesh_of
         self._estimator = estimator
+        self._scaled = scaled
         self._made: dict[Key, StageProfileResult] = {}
+        self.table: CostTable | None = None  # set once the table exists (scaled keys)
 
     def __getitem__(self, key: Key) -> StageProfileResult:
         if key in self._measured:
             return self._measured[key]
+        if key in self._scaled and self.table is not None and key not in self._made:
+            self._made[key] = _from_table(self.table, key, self._estimator)
+        if key in self._made:
+            return self._made[key]
         if key not in self._lazy:
             raise KeyError(key)
         if key not in self._made:
@@ -223,6 +280,58 @@ class _LazyResults(Mapping[Key, StageProfileResult]):
     def __iter__(self) -> Iterator[Key]:
         yield from self._measured
         yield from (k for k in self._lazy if k not in self._measured)
+        yield from (k for k in self._scaled if k not in self._measured)
 
     def __len__(self) -> int:
-        return len(self._measured) + sum(1 for k in self._lazy if k not in self._measured)
+        return sum(1 for _ in self)
+
+
+def _from_table(table: CostTable, key: Key, estimator: StageEstimator) -> StageProfileResult:
+    """A scaled estimate as a result, from the table's numbers."""
+    submesh, config = estimator.space.resolve(key)
+    modules = tuple(
+        ModuleProfileResult.model_construct(
+            module=kind,
+            compute_cost=float(getattr(table, name)[key]),
+            peak_memory=int(table.fixed_bytes[key]) if kind == ModuleKind.forward else 0,
+            temp_buffer_size=0,
+            invar_names=(),
+            outvar_names=(),
+            invar_sizes=(),
+            outvar_sizes=(),
+            donated_invars=(),
+            acc_grad_invars_indices=(),
+            acc_grad_outvars_indices=(),
+            available_memory=estimator.available_memory,
+            compute_cost_samples_s=(),
+            compute_cost_spread=0.0,
+            compile_seconds=0.0,
+            flops=0.0,
+            bytes_accessed=0.0,
+            collective_bytes={},
+        )
+        for name, kind in MODULES.items()
+        if np.isfinite(getattr(table, name)[key])
+    )
+    return StageProfileResult.model_construct(
+        status=ProfileStatus.ok,
+        error=None,
+        fingerprint="",
+        key=None,
+        submesh=submesh,
+        config=config,
+        num_layers=key[1] - key[0] + 1,
+        module_profile_results=modules,
+        available_memory=estimator.available_memory,
+        initial_var_size=0,
+        intermediate_size=int(table.intermediate[key]),
+        weight_stash_size=int(table.weight_stash[key]),
+        max_n_succ_stages=int(table.max_n_succ_stages[key]),
+        input_shardings={},
+        flops=0.0,
+        compile_seconds=0.0,
+        device_kind="",
+        jax_version="",
+        measured_by=(),
+        estimate_bytes=None,
+    )

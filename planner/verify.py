@@ -56,6 +56,8 @@ class EstimateSearch:
     cluster: ClusterSpec
     options: PlanOptions
     space: CandidateSpace
+    # whole-model stages on every device estimated by scaling (planner.with_layer_profiles)
+    scaled: frozenset[Key] = frozenset()
     estimator: StageEstimator = field(init=False)
     # the point estimate of forward + backward a stage had when it was chosen for measuring
     estimated_at_choice: dict[Key, float] = field(default_factory=dict)
@@ -102,7 +104,9 @@ class EstimateSearch:
         measured = build_cost_table(
             self.spec, self.cluster, self.space, self.measured, self.options.include_communication
         )
-        return estimated_table(self.estimator, measured, self.candidates(), self.spec.num_layers)
+        return estimated_table(
+            self.estimator, measured, self.candidates(), self.spec.num_layers, self.scaled
+        )
 
     def point_costs(self, point: EstimatedTable | None = None) -> dict[Key, float]:
         """forward + backward of every estimated (unmeasured) candidate."""

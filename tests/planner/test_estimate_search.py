@@ -40,11 +40,17 @@ def _options(schedule: str = "1f1b") -> PlanOptions:
     )
 
 
-def _truth(key: Key, devices: int, slower: dict[Key, float]) -> StageProfileResult:
+def _truth(
+    key: Key,
+    devices: int,
+    slower: dict[Key, float],
+    classes: list[str] = CLASSES,
+    scaling: float = 0.5,
+) -> StageProfileResult:
     """The cost law: a per-call overhead plus each layer's time, split over the devices
-    with some loss; times `slower[key]` for the stages made far off."""
+    (time / devices ** scaling); times `slower[key]` for the stages made far off."""
     a, b, _, _ = key
-    forward = OVERHEAD + sum(COST[c] for c in CLASSES[a : b + 1]) / devices**0.5
+    forward = OVERHEAD + sum(COST[c] for c in classes[a : b + 1]) / devices**scaling
     forward *= slower.get(key, 1.0)
     n = b - a + 1
     return fake_profile(
@@ -59,18 +65,22 @@ def _truth(key: Key, devices: int, slower: dict[Key, float]) -> StageProfileResu
 
 
 def _run(
-    schedule: str, slower: dict[Key, float] | None = None
+    schedule: str,
+    slower: dict[Key, float] | None = None,
+    classes: list[str] = CLASSES,
+    scaling: float = 0.5,
 ) -> tuple[EstimateSearch, dict[Key, StageProfileResult], list[list[Key]]]:
-    spec, options = _spec(), _options(schedule)
-    space, direct = with_layer_profiles(
+    spec, options = _spec(classes), _options(schedule)
+    space, scaled = with_layer_profiles(
         enumerate_candidates(spec, CLUSTER, options), [x.fingerprint for x in spec.layers]
     )
+    devices = [m.num_devices for m in space.submeshes]
     truth = {
-        k.as_tuple(): _truth(k.as_tuple(), space.submeshes[k.submesh_id].num_devices, slower or {})
+        k.as_tuple(): _truth(k.as_tuple(), devices[k.submesh_id], slower or {}, classes, scaling)
         for k in space.keys
     }
-    search = EstimateSearch(spec, CLUSTER, options, space)
-    for key in [k for k in truth if is_layer_profile(k)] + direct:
+    search = EstimateSearch(spec, CLUSTER, options, space, frozenset(scaled))
+    for key in [k for k in truth if is_layer_profile(k)]:
         search.add([key], truth[key])
     rounds = []
     while keys := search.next_round():
@@ -137,14 +147,14 @@ def test_layer_profiles_are_added_on_the_whole_cluster_only_where_cheaper() -> N
     short = ["embed"] + ["block"] * 6 + ["head"]
     space = enumerate_candidates(_spec(short), CLUSTER, _options())
     whole = [m for m, s in enumerate(space.submeshes) if s.num_devices == 4]
-    more, direct = with_layer_profiles(space, short)
+    more, scaled = with_layer_profiles(space, short)
     # 3 distinct layers and 3 distinct pairs compile 9 layers, over the 8 of the model
-    assert direct == [(0, 7, whole[0], 0)] and len(more.keys) == len(space.keys)
+    assert scaled == [(0, 7, whole[0], 0)] and len(more.keys) == len(space.keys)
     long = ["embed"] + ["block"] * 16 + ["head"]
     space = enumerate_candidates(_spec(long), CLUSTER, _options())
-    more, direct = with_layer_profiles(space, long)
+    more, scaled = with_layer_profiles(space, long)
     added = {k.as_tuple() for k in more.keys} - {k.as_tuple() for k in space.keys}
-    assert not direct and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
+    assert not scaled and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
     assert len(added) == 18 + 17  # every single and adjacent pair on the whole cluster
 
 
@@ -173,3 +183,22 @@ def test_the_table_of_estimates_equals_the_estimates_one_by_one() -> None:
         assert point.table.intermediate[key] == one.intermediate_size
         assert point.table.max_n_succ_stages[key] == one.max_n_succ_stages
         assert point.table.results[key].forward_cost == one.forward_cost
+
+
+@pytest.mark.parametrize("scaling", [0.3, 1.0])
+def test_the_whole_model_on_every_device_is_measured_when_it_could_be_best(
+    scaling: float,
+) -> None:
+    """A short model: the whole-model stage on the 4 devices is estimated by perfect
+    scaling (an optimistic bound), measured only when a plan that could be best holds it."""
+    short = ["embed"] + ["block"] * 6 + ["head"]
+    search, truth, _ = _run("1f1b", classes=short, scaling=scaling)
+    (whole,) = search.scaled
+    plan = search.plan()
+    reference = build_plan(_spec(short), CLUSTER, _options(), search.space, truth)
+    assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)
+    one_stage = _stages(reference.stages) == [whole]
+    assert one_stage == (scaling == 1.0)  # perfect scaling: data parallelism wins
+    assert whole in search.measured  # the bound could beat the pipelines: measured
+    assert whole not in search.candidates() - {k for k in search.measured}
+    assert search.estimated_at_choice[whole] <= truth[whole].compute_cost  # a lower bound

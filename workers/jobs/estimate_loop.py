@@ -55,11 +55,13 @@ class EstimateLoop:
     phase: MeasuringPhase
     keys_by_fp: dict[str, list[StageKey]]
     order: Callable[[list[str]], list[str]]
-    # stages measured with the layer profiles instead of estimated (planner.with_layer_profiles)
-    direct: list[Key]
+    # whole-model stages estimated by scaling (planner.with_layer_profiles)
+    scaled: frozenset[Key]
 
     def __post_init__(self) -> None:
-        self.search = planner.EstimateSearch(self.spec, self.cluster, self.options, self.space)
+        self.search = planner.EstimateSearch(
+            self.spec, self.cluster, self.options, self.space, self.scaled
+        )
         self.fp_of: dict[Key, str] = {
             k.as_tuple(): fp for fp, keys in self.keys_by_fp.items() for k in keys
         }
@@ -87,7 +89,7 @@ class EstimateLoop:
                     wanted, self.keys_by_fp, self.space.submeshes, sink, stats, keeper, ledger
                 )
 
-        required = {k.as_tuple() for k in self.options.measure_stages} | set(self.direct)
+        required = {k.as_tuple() for k in self.options.measure_stages}
         asked = [
             fp for fp in to_measure if any(k.as_tuple() in required for k in self.keys_by_fp[fp])
         ]

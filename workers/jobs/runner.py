@@ -300,9 +300,9 @@ class JobRunner:
             raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
 
         space = enumerate_space(spec, cluster, options, keeper)
-        direct: list[tuple[int, int, int, int]] = []
+        scaled: list[tuple[int, int, int, int]] = []
         if options.search_mode == "estimate":
-            space, direct = planner.with_layer_profiles(space, [x.fingerprint for x in spec.layers])
+            space, scaled = planner.with_layer_profiles(space, [x.fingerprint for x in spec.layers])
         pool_config = self._pool_config(space)
         layout = make_layout(pool_config)
 
@@ -416,7 +416,7 @@ class JobRunner:
                 phase,
                 keys_by_fp,
                 lambda fps: by_group_shape(fps, keys_by_fp, space, layout),
-                direct,
+                frozenset(scaled),
             )
             loop.run(dict(known), to_measure, stats, keeper, ledger)
         else:
