@@ -26,8 +26,9 @@ from workers.cluster.placement import GroupShape, Layout
 
 logger = logging.getLogger(__name__)
 
-# Measurement settings of this process that its actors follow (workers.measure.quiet, timing).
-FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock")
+# Measurement settings of this process that its actors follow (workers.measure.quiet, timing,
+# compile_cache).
+FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock", "compile_cache_dir")
 # A backstop only: the group start kills a group's ranks as soon as one dies while joining.
 JOIN_TIMEOUT_S = 120
 # Test hook (tests/multihost): with STAGEPROF_TEST_HOLD_JOIN=<dir>, each rank of a group
@@ -72,9 +73,13 @@ class HostWorker:
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def join(self, coordinator: str | None) -> dict[str, Any]:
-        """Join the group (a no-op for a group of one), then report the devices."""
+        """Turn the persistent compilation cache on (or off), join the group (a no-op for a
+        group of one), then report the devices."""
         import jax
 
+        from workers.measure.compile_cache import enable_compile_cache
+
+        cache_dir = enable_compile_cache()
         if self.size > 1:
             _hold_join(coordinator or "", self.rank)
             if not self.use_gpus:
@@ -93,6 +98,7 @@ class HostWorker:
             "jax_version": jax.__version__,
             "pid": os.getpid(),
             "process": self.ident,
+            "compile_cache_dir": cache_dir,
         }
 
     def measure(
@@ -209,5 +215,9 @@ def combine(results: list[StageProfileResult]) -> StageProfileResult:
         ranks = [r.module_profile_results[i] for r in results if len(r.module_profile_results) > i]
         modules.append(max(ranks, key=lambda m: m.compute_cost) if ranks else module)
     return first.model_copy(
-        update={"module_profile_results": tuple(modules), "measured_by": processes}
+        update={
+            "module_profile_results": tuple(modules),
+            "measured_by": processes,
+            "compile_cache_hits": sum(m.compile_cache_hit for m in modules),
+        }
     )
