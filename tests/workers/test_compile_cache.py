@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from schemas import StageProfileResult
+from tests.support.profiles import fake_profile
+from workers.cluster.host_group import combine
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json, jax, jax.numpy as jnp
@@ -59,3 +63,29 @@ def test_off_compiles_again() -> None:
             "none": 0,
         }
     )
+
+
+def _rank(process: str, forward_s: float, hits: tuple[bool, bool]) -> StageProfileResult:
+    """One rank's result: forward and backward, each loaded from the cache or not."""
+    result = fake_profile("fp", forward=forward_s, backward=0.01)
+    modules = tuple(
+        m.model_copy(update={"compile_cache_hit": hit})
+        for m, hit in zip(result.module_profile_results, hits, strict=True)
+    )
+    return result.model_copy(
+        update={
+            "module_profile_results": modules,
+            "compile_cache_hits": sum(hits),
+            "measured_by": (process,),
+        }
+    )
+
+
+def test_a_group_loaded_a_module_only_if_every_rank_did() -> None:
+    # rank 0 loaded both modules, rank 1 (slower forward) only the backward
+    both = combine([_rank("a:1", 0.01, (True, True)), _rank("b:2", 0.02, (False, True))])
+    assert [m.compile_cache_hit for m in both.module_profile_results] == [False, True]
+    assert both.compile_cache_hits == 1 and both.measured_by == ("a:1", "b:2")
+    assert both.module_profile_results[0].compute_cost == 0.02  # the slowest rank's time
+    alone = combine([_rank("a:1", 0.01, (True, False))])
+    assert alone.compile_cache_hits == 1

@@ -204,7 +204,8 @@ class MeasuringGroup:
 
 def combine(results: list[StageProfileResult]) -> StageProfileResult:
     """One group's result from its ranks': the first failure if any failed, else the
-    slowest host's timing of each module; `measured_by` names every process."""
+    slowest host's timing of each module, loaded from the compilation cache only if every
+    rank loaded it; `measured_by` names every process."""
     processes = tuple(p for r in results for p in r.measured_by)
     failed = [r for r in results if not r.ok]
     if failed:
@@ -213,7 +214,9 @@ def combine(results: list[StageProfileResult]) -> StageProfileResult:
     modules = []
     for i, module in enumerate(first.module_profile_results):
         ranks = [r.module_profile_results[i] for r in results if len(r.module_profile_results) > i]
-        modules.append(max(ranks, key=lambda m: m.compute_cost) if ranks else module)
+        slowest = max(ranks, key=lambda m: m.compute_cost) if ranks else module
+        loaded = all(m.compile_cache_hit for m in ranks)
+        modules.append(slowest.model_copy(update={"compile_cache_hit": loaded}))
     return first.model_copy(
         update={
             "module_profile_results": tuple(modules),
