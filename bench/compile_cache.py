@@ -2,11 +2,12 @@
 
 The zoo GPT (small widths, `--layers` blocks) on 1 host x 4 virtual CPU devices planned twice
 on the same local Ray, each on a fresh SQLite store (so the second job reuses no stored
-profile and measures the same stages again) with a fresh runner and fresh actors:
+profile and measures its stages again) with a fresh runner and fresh actors:
 - cold: an empty compilation cache directory (`STAGEPROF_COMPILE_CACHE_DIR`);
 - warm: the same directory, filled by the cold job's actors.
 Side by side: wall seconds, stages measured, module compiles, the modules the cache served
-(`compile_cache_hit`), and compile seconds per module kind (the sum of the stored results'
+(`compile_cache_hit`) and those of stages the cold job measured too (what the cache could
+serve), and compile seconds per module kind (the sum of the stored results'
 `compile_seconds` over the stages each job measured: lowering plus compiling, or plus
 loading on a hit); the cache's files and bytes after each job; the plans. Timing noise
 between the jobs can make them measure different stages (the search picks which from the
@@ -52,10 +53,16 @@ def cache_size(path: Path) -> dict[str, int]:
     return {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
 
 
-def summarize(run: common.JobRun, cache: dict[str, int]) -> dict[str, Any]:
-    """One job's figures, from the distinct stages it measured."""
+def measured_stages(run: common.JobRun) -> list[Any]:
+    """The distinct stages a job measured, one result each."""
+    return list({r.fingerprint: r for r in run.results.values()}.values())
+
+
+def summarize(run: common.JobRun, cache: dict[str, int], before: set[str]) -> dict[str, Any]:
+    """One job's figures, from the distinct stages it measured; `before`: the fingerprints
+    of the stages the earlier job measured."""
     stats, plan = run.outcome.stats, run.outcome.plan
-    measured = list({r.fingerprint: r for r in run.results.values()}.values())
+    measured = measured_stages(run)
     modules = [m for r in measured for m in r.module_profile_results]
     compile_s = dict.fromkeys(MODULES, 0.0)
     for m in modules:
@@ -69,6 +76,10 @@ def summarize(run: common.JobRun, cache: dict[str, int]) -> dict[str, Any]:
         "measured": stats.measured,
         "modules": len(modules),
         "cache_hits": sum(m.compile_cache_hit for m in modules),
+        # modules of stages the earlier job measured too (compiled into the cache there)
+        "modules_measured_before": sum(
+            len(r.module_profile_results) for r in measured if r.fingerprint in before
+        ),
         "compile_s": round(sum(compile_s.values()), 3),
         **{f"compile_{k}_s": round(v, 3) for k, v in compile_s.items()},
         "compile_s_per_module": round(sum(compile_s.values()) / max(1, len(modules)), 3),
@@ -110,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(cache, ignore_errors=True)
     uptime_before = os.getloadavg()
     figures: dict[str, dict[str, Any]] = {}
+    before: set[str] = set()
     for name in RUNS:
         sessions = common.sqlite_sessions(work / f"{name}.db")
         began = time.perf_counter()
@@ -122,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir=cache,
         )
         common.logger.warning("%s: %.1f s", name, time.perf_counter() - began)
-        figures[name] = summarize(run, cache_size(cache))
+        figures[name] = summarize(run, cache_size(cache), before)
+        before = {r.fingerprint for r in measured_stages(run)}
     cold, warm = figures["cold"], figures["warm"]
     out: dict[str, Any] = {
         "model": "gpt",
@@ -156,6 +169,7 @@ def print_table(out: dict[str, Any]) -> None:
         ("stages measured", "measured"),
         ("module compiles", "modules"),
         ("served by the cache", "cache_hits"),
+        ("modules of stages measured cold too", "modules_measured_before"),
         ("compile s, all modules", "compile_s"),
         ("compile s, forward", "compile_forward_s"),
         ("compile s, backward", "compile_backward_s"),

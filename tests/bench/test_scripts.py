@@ -43,7 +43,10 @@ def test_compile_cache() -> None:
     cold, warm = out["cold"], out["warm"]
     assert cold["status"] == warm["status"] == "done"
     assert cold["modules"] == 3 * cold["measured"] > 0 and cold["cache_hits"] == 0
-    assert warm["cache_hits"] == warm["modules"] > 0  # fresh actors, the cache warm
+    # fresh actors, the cache warm: every module the cold job compiled too is loaded (the
+    # searches may measure different stages: timings differ from job to job)
+    assert warm["cache_hits"] >= warm["modules_measured_before"] > 0
+    assert cold["modules_measured_before"] == 0
     assert cold["cache_files"] > 0 and warm["cache_files"] >= cold["cache_files"]
     assert {"wall_ratio", "compile_ratio", "loadavg_before", "same_plan"} <= set(out)
 

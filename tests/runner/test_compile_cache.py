@@ -60,9 +60,12 @@ def test_a_second_job_on_fresh_actors_loads_what_the_first_compiled(
     assert any(p.name.startswith("jit__forward-") for p in cache.iterdir())
 
     second = _plan_on_a_fresh_store(tmp_path, "second")
-    assert _hits(second) == (modules, modules)  # every module of every stage
+    assert _hits(second)[0] > 0
     by_fingerprint = {r.fingerprint: r for r in first}
-    for r in second:  # the same stages, the same compiled programs' figures
+    again = [r for r in second if r.fingerprint in by_fingerprint]
+    assert again  # the searches may differ (timings do), never entirely
+    for r in again:  # every module compiled by the first job is loaded, the same program
+        assert r.compile_cache_hits == len(r.module_profile_results) == 3
         cold = by_fingerprint[r.fingerprint]
         pairs = zip(r.module_profile_results, cold.module_profile_results, strict=True)
         for warm_m, cold_m in pairs:
