@@ -2,15 +2,19 @@
 percentiles, side-by-side tables and the last-line JSON.
 
 Every script prints a table for people and, as its LAST line, one JSON object with its
-figures (`emit_json`)."""
+figures (`emit_json`). Every job a bench runs (`run_job`) is cold unless it asks otherwise:
+its actors get an empty persistent compilation cache of their own (`compile_cache`), never
+the user's, so runs compare with each other and with earlier ones."""
 
 import json
 import logging
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -152,6 +156,29 @@ def sqlite_sessions(path: Path) -> Any:
     return make_sessionmaker(make_engine(url))
 
 
+COMPILE_CACHE_ENV = "STAGEPROF_COMPILE_CACHE_DIR"
+
+
+@contextmanager
+def compile_cache(directory: str | Path | None = None) -> Iterator[str]:
+    """Within the block, actors started from this process use the persistent compilation
+    cache at `directory` (or `off`); None: a new empty temp dir, removed after (a cold run).
+    Yields the setting's value."""
+    fresh = None if directory is not None else tempfile.mkdtemp(prefix="stageprof-bench-xla-")
+    value = str(directory if directory is not None else fresh)
+    before = os.environ.get(COMPILE_CACHE_ENV)
+    os.environ[COMPILE_CACHE_ENV] = value
+    try:
+        yield value
+    finally:
+        if before is None:
+            os.environ.pop(COMPILE_CACHE_ENV, None)
+        else:
+            os.environ[COMPILE_CACHE_ENV] = before
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+
+
 @dataclass
 class JobRun:
     """One embedded job run to its end: outcome, wall seconds and its recorded results."""
@@ -218,9 +245,18 @@ def counting_actor_time() -> Iterator[dict[str, float]]:
         runner_module.GroupPool = original  # type: ignore[misc]
 
 
-def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config: Any) -> JobRun:
+def run_job(
+    sessions: Any,
+    spec: Any,
+    cluster: Any,
+    options: Any,
+    runner_config: Any,
+    *,
+    cache_dir: str | Path | None = None,
+) -> JobRun:
     """Queue `spec` on `cluster` in the store and run it with a fresh `JobRunner` (local Ray
-    must be connected). Wall time is submit → plan stored: the runner's whole job."""
+    must be connected). Wall time is submit → plan stored: the runner's whole job. Its actors
+    use the compilation cache at `cache_dir` (or `off`); default: an empty one of its own."""
     from sqlalchemy import select
 
     from store import create_job, job_results, put_model, session_scope
@@ -231,7 +267,7 @@ def run_job(sessions: Any, spec: Any, cluster: Any, options: Any, runner_config:
         model, _ = put_model(s, spec=spec)
         job_id = create_job(s, model_id=model.id, cluster=cluster, options=options).id
     runner = JobRunner(sessions, runner_config)
-    with counting_actor_time() as clock, LoadSampler() as load:
+    with compile_cache(cache_dir), counting_actor_time() as clock, LoadSampler() as load:
         began = time.perf_counter()
         outcome = runner.run_next(job_id)
         wall = time.perf_counter() - began

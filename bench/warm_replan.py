@@ -4,6 +4,7 @@ Starts `stageprof serve` (a free loopback port) and `stageprof worker` (polling 
 `--idle-sleep` s) as subprocesses on one SQLite file, plans a zoo GPT once (cold: every
 stage measured), then submits the same request again `--repeats` times (warm: every profile
 is stored, the runner starts no actors) and times submit -> plan readable through the API.
+The worker's actors get an empty compilation cache of their own (`common.compile_cache`).
 Warm submissions are made both as the zoo request (the worker rebuilds the zoo model) and
 by the stored model's id.
 
@@ -50,12 +51,17 @@ def free_port() -> int:
 
 
 def clean_env() -> dict[str, str]:
-    """This environment without stageprof/Ray settings that would point elsewhere."""
-    return {
+    """This environment without stageprof/Ray settings that would point elsewhere, but the
+    compilation cache of `common.compile_cache` (main's: an empty one, so the cold plan is
+    cold)."""
+    env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("STAGEPROF_") and k not in ("RAY_ADDRESS", "XLA_FLAGS")
     }
+    if common.COMPILE_CACHE_ENV in os.environ:
+        env[common.COMPILE_CACHE_ENV] = os.environ[common.COMPILE_CACHE_ENV]
+    return env
 
 
 @contextmanager
@@ -145,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     worker_cmd = cli + ["worker", "--database-url", url, "--idle-sleep", str(args.idle_sleep)]
     worker_cmd += ["--workers", str(args.workers)]
     with ExitStack() as stack:
+        stack.enter_context(common.compile_cache())  # an empty one: the cold plan is cold
         server = stack.enter_context(process(serve_cmd, work / "serve.log"))
         api = stack.enter_context(StageprofClient(f"http://127.0.0.1:{port}"))
         wait_healthy(api, server, work / "serve.log")  # migrates before the worker starts

@@ -64,6 +64,12 @@ class ModuleProfileResult(Frozen):
         0.0, ge=0, description="Relative spread of the timed runs: (p90 - p10) / median."
     )
     compile_seconds: float = Field(0.0, ge=0, description="Time to lower and compile, seconds.")
+    compile_cache_hit: bool = Field(
+        False,
+        description="Whether the executable came from the persistent compilation cache "
+        "(`STAGEPROF_COMPILE_CACHE_DIR`) instead of being compiled; compile_seconds is then "
+        "the time to lower and load it.",
+    )
     flops: float = Field(0.0, ge=0, description="FLOPs per device from cost_analysis().")
     bytes_accessed: float = Field(0.0, ge=0, description="Bytes accessed from cost_analysis().")
     collective_bytes: dict[str, int] = Field(
@@ -108,6 +114,9 @@ class StageProfileResult(Frozen):
     )
     flops: float = Field(0.0, ge=0, description="FLOPs per device of forward + backward.")
     compile_seconds: float = Field(0.0, ge=0, description="Compile time of all modules, s.")
+    compile_cache_hits: int = Field(
+        0, ge=0, description="Modules loaded from the persistent compilation cache."
+    )
     device_kind: str = Field("", description="Device kind it ran on.")
     jax_version: str = Field("", description="jax version it ran with.")
     measured_by: tuple[str, ...] = Field(

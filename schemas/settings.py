@@ -15,8 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "STAGEPROF_"
 DEFAULT_MAX_CANDIDATES = 20_000
-QUIET_TIMING_OFF = ("0", "false", "off", "no")
 SWITCH_ON = ("1", "true", "on", "yes")
+# What turns an on/off setting off (any case).
+OFF_WORDS = ("0", "false", "off", "no")
+# The persistent XLA compilation cache's directory unless `STAGEPROF_COMPILE_CACHE_DIR` says
+# otherwise: per user, shared by the measuring processes of a machine and across jobs.
+DEFAULT_COMPILE_CACHE_DIR = "~/.cache/stageprof/xla"
+COMPILE_CACHE_OFF = "off"
 
 
 def env_name(field: str) -> str:
@@ -63,6 +68,19 @@ class EnvSettings(BaseSettings):
         description="Measure a stage's runs of identical consecutive layers as one lax.scan "
         "(workers.measure.compose_scan) instead of unrolled; on when set to 1, true, on or yes.",
     )
+    compile_cache_dir: str = Field(
+        DEFAULT_COMPILE_CACHE_DIR,
+        description="JAX's persistent compilation cache of the measuring processes: a "
+        "directory (`~` is the measuring process's home; a shared filesystem path shares it "
+        "between nodes); off when set to off, 0, false or no; empty: the default.",
+    )
+
+    @property
+    def compile_cache_path(self) -> str | None:
+        """The compilation cache's directory, `~` expanded here; None when it is off."""
+        if self.compile_cache_dir == COMPILE_CACHE_OFF:
+            return None
+        return os.path.expanduser(self.compile_cache_dir)
 
     @field_validator("database_url", "timing_clock", mode="before")
     @classmethod
@@ -73,6 +91,16 @@ class EnvSettings(BaseSettings):
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.lower() or "wall"
+
+    @field_validator("compile_cache_dir", mode="before")
+    @classmethod
+    def _cache_dir(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        text = v.strip()
+        if text.lower() in OFF_WORDS:
+            return COMPILE_CACHE_OFF
+        return text or DEFAULT_COMPILE_CACHE_DIR
 
     @field_validator("max_candidates", mode="before")
     @classmethod
@@ -110,7 +138,7 @@ class EnvSettings(BaseSettings):
     @field_validator("quiet_timing", mode="before")
     @classmethod
     def _on_unless_off(cls, v: Any) -> Any:
-        return v.strip().lower() not in QUIET_TIMING_OFF if isinstance(v, str) else v
+        return v.strip().lower() not in OFF_WORDS if isinstance(v, str) else v
 
 
 def env_settings(environ: Mapping[str, str] | None = None) -> EnvSettings:

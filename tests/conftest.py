@@ -2,10 +2,17 @@
 
 Every test process gets 8 virtual CPU devices, set here, before any test module can import
 jax and start its backend (a module-level spec export would otherwise fix it at 1 device for
-the whole session, whatever tests/workers/conftest.py asks later)."""
+the whole session, whatever tests/workers/conftest.py asks later).
 
+Every test process also gets a persistent compilation cache of its own, an empty temp dir
+removed when the session ends, so no test reads or fills the user's (~/.cache/stageprof/xla)
+and no result depends on what an earlier session compiled."""
+
+import atexit
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +33,9 @@ if _count is None:
 elif int(_count.group(1)) < NUM_DEVICES:
     os.environ["XLA_FLAGS"] = re.sub(r"device_count=\d+", f"device_count={NUM_DEVICES}", _flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_compile_cache = tempfile.mkdtemp(prefix="stageprof-test-xla-")
+os.environ["STAGEPROF_COMPILE_CACHE_DIR"] = _compile_cache
+atexit.register(shutil.rmtree, _compile_cache, ignore_errors=True)
 
 
 @pytest.fixture(

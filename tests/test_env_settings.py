@@ -1,6 +1,8 @@
 """`STAGEPROF_*` settings come from one object (`schemas.settings.EnvSettings`), read when
 they are used: a variable set after import counts, a bad value names its variable."""
 
+import os
+
 import pytest
 
 from cli.main import build_parser
@@ -8,6 +10,7 @@ from client.sdk import StageprofClient
 from schemas.limits import max_candidates
 from schemas.settings import EnvSettings, env_name, env_settings
 from store import database_url
+from workers.cluster.host_group import worker_env
 from workers.measure.quiet import enabled, lock_dir
 
 
@@ -59,3 +62,30 @@ def test_a_mapping_alone_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert max_candidates({}) == 20_000
     assert max_candidates({"STAGEPROF_MAX_CANDIDATES": "9"}) == 9
     assert max_candidates() == 7
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        (None, os.path.expanduser("~/.cache/stageprof/xla")),
+        ("  ", os.path.expanduser("~/.cache/stageprof/xla")),
+        (" /shared/xla ", "/shared/xla"),
+        ("~/xla", os.path.expanduser("~/xla")),
+        ("off", None),
+        ("OFF", None),
+        ("0", None),
+        ("false", None),
+        ("no", None),
+    ],
+)
+def test_the_compile_cache_dir_parses(value: str | None, path: str | None) -> None:
+    env = {} if value is None else {"STAGEPROF_COMPILE_CACHE_DIR": value}
+    assert env_settings(env).compile_cache_path == path
+
+
+def test_the_compile_cache_dir_reaches_the_actors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAGEPROF_COMPILE_CACHE_DIR", "/shared/xla")
+    assert worker_env(2, use_gpus=False)["STAGEPROF_COMPILE_CACHE_DIR"] == "/shared/xla"
+    assert worker_env(1, use_gpus=True, rank=1)["STAGEPROF_COMPILE_CACHE_DIR"] == "/shared/xla"
+    monkeypatch.delenv("STAGEPROF_COMPILE_CACHE_DIR")
+    assert "STAGEPROF_COMPILE_CACHE_DIR" not in worker_env(2, use_gpus=False)  # their default

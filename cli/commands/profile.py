@@ -1,7 +1,9 @@
 """`stageprof profile`: measure one stage candidate in this process and print the result.
 
 For looking at one stage closely: layers start..end on a submesh, a logical mesh and a
-strategy. On the CPU the process gets enough virtual devices (XLA_FLAGS) before jax loads.
+strategy. On the CPU the process gets enough virtual devices (XLA_FLAGS) before jax loads;
+it uses the persistent compilation cache as the measuring actors do
+(STAGEPROF_COMPILE_CACHE_DIR).
 Exit code: 0 when the candidate measured ok, 1 when it failed (the result still prints),
 2 for bad arguments.
 """
@@ -134,8 +136,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from workers.measure.compile_cache import enable_compile_cache
     from workers.measure.stage import measure_stage_on
 
+    enable_compile_cache()  # STAGEPROF_COMPILE_CACHE_DIR, as the measuring actors
     result = measure_stage_on(spec, args.start, args.end, submesh, config, cluster, options)
     if args.json:
         print(result.model_dump_json())
@@ -196,6 +200,10 @@ def print_result(result: StageProfileResult, layer_names: list[str]) -> None:
         ("max_n_succ_stages", succ_text(result.max_n_succ_stages)),
         ("flops (fwd+bwd)", f"{result.flops / 1e6:.3f} MFLOP"),
         ("compile_seconds", f"{result.compile_seconds:.2f}"),
+        (
+            "compile_cache_hits",
+            f"{result.compile_cache_hits} of {len(result.module_profile_results)} modules",
+        ),
         ("device", f"{result.device_kind}, jax {result.jax_version}"),
         ("measured_by", ", ".join(result.measured_by) or "-"),
     ]

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import common  # bench/common.py, on sys.path through tests/bench/conftest.py
@@ -34,3 +36,22 @@ def test_emit_json_is_one_line_with_nan_as_null(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
     assert json.loads(out[0]) == {"ratio": 5.5, "gap": None, "plan": [[0, 1, 0, 0]]}
+
+
+def test_each_run_gets_an_empty_compile_cache_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(common.COMPILE_CACHE_ENV, "/the/sessions/cache")
+    with common.compile_cache() as fresh:
+        assert os.environ[common.COMPILE_CACHE_ENV] == fresh != "/the/sessions/cache"
+        assert os.path.isdir(fresh) and not os.listdir(fresh)
+    assert not os.path.exists(fresh)  # removed after the run
+    assert os.environ[common.COMPILE_CACHE_ENV] == "/the/sessions/cache"
+    with common.compile_cache(tmp_path / "warm") as given:
+        assert os.environ[common.COMPILE_CACHE_ENV] == given == str(tmp_path / "warm")
+    with common.compile_cache("off"):
+        assert os.environ[common.COMPILE_CACHE_ENV] == "off"
+    monkeypatch.delenv(common.COMPILE_CACHE_ENV)
+    with common.compile_cache():
+        pass
+    assert common.COMPILE_CACHE_ENV not in os.environ

@@ -29,9 +29,26 @@ def test_time_to_plan() -> None:
     assert exhaustive["measured"] == exhaustive["candidates"] == ours["candidates"]
     assert ours["measured"] + ours["pruned"] == ours["distinct_stages"] < ours["candidates"]
     assert ours["compiles"] == 3 * (ours["measured"] + ours["failed"])
+    # the exhaustive run compiles every candidate: no compilation cache
+    assert exhaustive["cache_hits"] == 0 and 0 <= ours["cache_hits"] <= ours["compiles"]
     assert isinstance(out["same_plan"], bool) and out["ratio"] > 0
     # our plan is costed on the exhaustive table: never better than that table's optimum
     assert out["plan_gap"] >= -1e-9
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_compile_cache() -> None:
+    out = run_script("compile_cache.py", "--layers", "1", "--quick")
+    cold, warm = out["cold"], out["warm"]
+    assert cold["status"] == warm["status"] == "done"
+    assert cold["modules"] == 3 * cold["measured"] > 0 and cold["cache_hits"] == 0
+    # fresh actors, the cache warm: every module the cold job compiled too is loaded (the
+    # searches may measure different stages: timings differ from job to job)
+    assert warm["cache_hits"] >= warm["modules_measured_before"] > 0
+    assert cold["modules_measured_before"] == 0
+    assert cold["cache_files"] > 0 and warm["cache_files"] >= cold["cache_files"]
+    assert {"wall_ratio", "compile_ratio", "loadavg_before", "same_plan"} <= set(out)
 
 
 @pytest.mark.ray

@@ -4,7 +4,6 @@ compose topology as local processes (Postgres, `stageprof db upgrade`, `stagepro
 a wider MLP fails on FLOPs/peak memory naming the stage, a stopped server is exit 2."""
 
 import json
-import os
 import secrets
 import shlex
 import subprocess
@@ -18,7 +17,7 @@ from cli.gate.baseline import read_baseline
 from tests.e2e.stack import STAGEPROF, LocalStack
 from tests.e2e.test_ci_recipes import GITHUB, github_gate_step
 from tests.e2e.test_stack import e2e_database_url, stack_env
-from tests.support.processes import free_port, stop_processes
+from tests.support.processes import free_port, settings_free_env, stop_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -129,11 +128,7 @@ def test_the_gate_runs_embedded_on_an_entry_point(tmp_path: Path) -> None:
     """No server: the store is a SQLite file, Ray and JAX run in the gate's process; the
     model comes from `--entry module:function` imported from the working directory."""
     (tmp_path / "my_model.py").write_text(ENTRY_MODULE)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("STAGEPROF_") and k not in ("RAY_ADDRESS", "XLA_FLAGS")
-    }
+    env = settings_free_env(also=("RAY_ADDRESS", "XLA_FLAGS"))
     argv = recipe_gate_argv("unused")
     model = ["--zoo", "mlp", "--set", "preset=tiny", "--set", "num_layers=4"]
     at = argv.index("--zoo")

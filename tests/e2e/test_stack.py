@@ -7,7 +7,6 @@ done, reads the plan and the profile table, and posts it again: every profile is
 
 import csv
 import io
-import os
 import secrets
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from schemas import ClusterSpec, Job, JobStatus
 from tests.e2e.stack import LocalStack
 from tests.support.databases import postgres_url, reset_postgres
 from tests.support.models import FAST_OPTIONS, TINY_GPT
-from tests.support.processes import free_port
+from tests.support.processes import free_port, settings_free_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(900)]
@@ -54,11 +53,7 @@ def e2e_database_url() -> str:
 
 def stack_env(database_url: str) -> dict[str, str]:
     """This process's environment without stageprof/Ray settings, pointed at the e2e DB."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("STAGEPROF_") and k not in ("RAY_ADDRESS", "XLA_FLAGS")
-    }
+    env = settings_free_env(also=("RAY_ADDRESS", "XLA_FLAGS"))
     env["STAGEPROF_DATABASE_URL"] = database_url
     return env
 

@@ -44,6 +44,29 @@ def test_save_and_read_back(session: Session) -> None:
     assert get_profile(session, fingerprint="f1") is not None
 
 
+def test_compile_cache_hits_read_back_and_default_to_none(session: Session) -> None:
+    result = profile("f-cache")
+    forward, *rest = result.module_profile_results
+    hit = forward.model_copy(update={"compile_cache_hit": True})
+    result = result.model_copy(
+        update={"module_profile_results": (hit, *rest), "compile_cache_hits": 1}
+    )
+    row = save_profile(session, result=result)
+    again = profile_result(row)
+    assert again == result and again.compile_cache_hits == 1
+    assert [m.compile_cache_hit for m in again.module_profile_results][:2] == [True, False]
+    # a result stored before the cache counted its hits: none
+    older = {k: v for k, v in row.result.items() if k != "compile_cache_hits"}
+    older["module_profile_results"] = [
+        {k: v for k, v in m.items() if k != "compile_cache_hit"}
+        for m in older["module_profile_results"]
+    ]
+    row.result = older
+    old = profile_result(row)
+    assert old.compile_cache_hits == 0
+    assert not any(m.compile_cache_hit for m in old.module_profile_results)
+
+
 def test_failed_profile_has_no_cost(session: Session) -> None:
     row = save_profile(session, result=profile("f2", ProfileStatus.compile_error))
     assert row.compute_cost is None and row.error == "compile_error happened"

@@ -1,11 +1,29 @@
-"""Stopping the processes a test started, and a free port for one to listen on."""
+"""Stopping the processes a test started, a free port for one to listen on, and the
+environment to start one in."""
 
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+# Kept when a child drops this shell's STAGEPROF_* settings: the test session's own
+# compilation cache (tests/conftest.py), so no child reads or fills the user's.
+SESSION_SETTINGS = ("STAGEPROF_COMPILE_CACHE_DIR",)
+
+
+def settings_free_env(
+    also: Iterable[str] = (), environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """`environ` without its STAGEPROF_* settings (but `SESSION_SETTINGS`) and the `also`
+    variables."""
+    dropped = set(also)
+    return {
+        k: v
+        for k, v in environ.items()
+        if k not in dropped and (not k.startswith("STAGEPROF_") or k in SESSION_SETTINGS)
+    }
 
 
 def free_port() -> int:

@@ -26,8 +26,15 @@ from workers.cluster.placement import GroupShape, Layout
 
 logger = logging.getLogger(__name__)
 
-# Measurement settings of this process that its actors follow (workers.measure.quiet, timing).
-FORWARDED_SETTINGS = ("quiet_timing", "lock_dir", "timing_clock", "scan_stages")
+# Measurement settings of this process that its actors follow (workers.measure.quiet, timing,
+# compile_cache, compose_scan).
+FORWARDED_SETTINGS = (
+    "quiet_timing",
+    "lock_dir",
+    "timing_clock",
+    "compile_cache_dir",
+    "scan_stages",
+)
 # A backstop only: the group start kills a group's ranks as soon as one dies while joining.
 JOIN_TIMEOUT_S = 120
 # Test hook (tests/multihost): with STAGEPROF_TEST_HOLD_JOIN=<dir>, each rank of a group
@@ -72,9 +79,13 @@ class HostWorker:
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def join(self, coordinator: str | None) -> dict[str, Any]:
-        """Join the group (a no-op for a group of one), then report the devices."""
+        """Turn the persistent compilation cache on (or off), join the group (a no-op for a
+        group of one), then report the devices."""
         import jax
 
+        from workers.measure.compile_cache import enable_compile_cache
+
+        cache_dir = enable_compile_cache()
         if self.size > 1:
             _hold_join(coordinator or "", self.rank)
             if not self.use_gpus:
@@ -93,6 +104,7 @@ class HostWorker:
             "jax_version": jax.__version__,
             "pid": os.getpid(),
             "process": self.ident,
+            "compile_cache_dir": cache_dir,
         }
 
     def measure(
@@ -198,7 +210,8 @@ class MeasuringGroup:
 
 def combine(results: list[StageProfileResult]) -> StageProfileResult:
     """One group's result from its ranks': the first failure if any failed, else the
-    slowest host's timing of each module; `measured_by` names every process."""
+    slowest host's timing of each module, loaded from the compilation cache only if every
+    rank loaded it; `measured_by` names every process."""
     processes = tuple(p for r in results for p in r.measured_by)
     failed = [r for r in results if not r.ok]
     if failed:
@@ -207,7 +220,13 @@ def combine(results: list[StageProfileResult]) -> StageProfileResult:
     modules = []
     for i, module in enumerate(first.module_profile_results):
         ranks = [r.module_profile_results[i] for r in results if len(r.module_profile_results) > i]
-        modules.append(max(ranks, key=lambda m: m.compute_cost) if ranks else module)
+        slowest = max(ranks, key=lambda m: m.compute_cost) if ranks else module
+        loaded = all(m.compile_cache_hit for m in ranks)
+        modules.append(slowest.model_copy(update={"compile_cache_hit": loaded}))
     return first.model_copy(
-        update={"module_profile_results": tuple(modules), "measured_by": processes}
+        update={
+            "module_profile_results": tuple(modules),
+            "measured_by": processes,
+            "compile_cache_hits": sum(m.compile_cache_hit for m in modules),
+        }
     )

@@ -116,6 +116,7 @@ def _module_result(
         available_memory=available,
         compute_cost_samples_s=tuple(samples),
         compile_seconds=m.compile_seconds,
+        compile_cache_hit=m.cache_hit,
         flops=max(0.0, float(costs.get("flops", 0.0))) + m.flops_uncounted,
         bytes_accessed=max(0.0, float(costs.get("bytes accessed", 0.0))),
         # one device has no collectives: skip printing its HLO (large for long stages)
@@ -425,6 +426,7 @@ def _result(
         input_shardings=measured.input_shardings,
         flops=sum(m.flops for m in modules if m.module.value in ("forward", "backward")),
         compile_seconds=sum(m.compile_seconds for m in modules),
+        compile_cache_hits=sum(m.compile_cache_hit for m in modules),
         estimate_bytes=estimate_bytes,
         **base,
     )

@@ -24,6 +24,7 @@ from jax.tree_util import SequenceKey
 from jax.typing import DTypeLike
 
 from schemas import ModuleKind
+from workers.measure.compile_cache import counting_cache_hits
 from workers.measure.compose import StageProgram
 from workers.measure.compose_split import SplitBackward
 from workers.measure.memory import ModuleMemory, module_memory, per_device_bytes
@@ -55,6 +56,7 @@ class CompiledModule:
     acc_grad_outvars_indices: tuple[int, ...] = ()
     # FLOPs the compiled module's cost analysis leaves out (a scan's further iterations)
     flops_uncounted: float = 0.0
+    cache_hit: bool = False  # loaded from the persistent compilation cache
 
     @functools.cached_property
     def memory(self) -> ModuleMemory:
@@ -64,6 +66,19 @@ class CompiledModule:
 
 def _sds(shape: Sequence[int], dtype: DTypeLike, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def _lower_and_compile(
+    lower: Callable[[], jax.stages.Lowered],
+) -> tuple[jax.stages.Lowered, jax.stages.Compiled, float, bool]:
+    """Lower and compile: the seconds both took, and whether the persistent compilation
+    cache served the executable."""
+    with counting_cache_hits() as hits:
+        t0 = time.perf_counter()
+        lowered = lower()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - t0
+    return lowered, compiled, seconds, hits.hit
 
 
 def _sizes(structs: Sequence[jax.ShapeDtypeStruct | jax.Array]) -> tuple[int, ...]:
@@ -154,12 +169,11 @@ class StageModules:
     # ----- compile -------------------------------------------------------------------------
     def compile_forward(self) -> CompiledModule:
         """Lower and compile forward; remembers its result structure for backward."""
-        t0 = time.perf_counter()
-        lowered = jax.jit(
-            self._forward, in_shardings=(self.shardings.params, self.shardings.inputs)
-        ).lower(self.param_structs, self.input_structs)
-        compiled = lowered.compile()
-        seconds = time.perf_counter() - t0
+        lowered, compiled, seconds, hit = _lower_and_compile(
+            lambda: jax.jit(
+                self._forward, in_shardings=(self.shardings.params, self.shardings.inputs)
+            ).lower(self.param_structs, self.input_structs)
+        )
         self.forward_out = _with_shardings(lowered.out_info, compiled.output_shardings)
         outs, stash, aux = self.forward_out
         out_names = [self.program.outputs[i].name for i in self.diff_out]
@@ -170,6 +184,7 @@ class StageModules:
             kind=ModuleKind.forward,
             compiled=compiled,
             compile_seconds=seconds,
+            cache_hit=hit,
             invar_names=tuple(v.name for v in [*self.program.params, *self.program.inputs]),
             outvar_names=tuple(out_names),
             invar_sizes=_sizes(in_structs),
@@ -188,13 +203,11 @@ class StageModules:
         stash = list(self.forward_out[1])
         g = self.cotangent_structs()
         xg_sh = [self.shardings.inputs[i] for i in self.grad_in]
-        t0 = time.perf_counter()
-        compiled = (
-            jax.jit(self._backward, out_shardings=(self.shardings.params, xg_sh))
-            .lower(self.param_structs, tuple(stash), g)
-            .compile()
+        _, compiled, seconds, hit = _lower_and_compile(
+            lambda: jax.jit(self._backward, out_shardings=(self.shardings.params, xg_sh)).lower(
+                self.param_structs, tuple(stash), g
+            )
         )
-        seconds = time.perf_counter() - t0
         in_names = [p.name for p in self.program.params]
         in_names += [f"stash:{v.name}" for v in self.program.stash]
         in_names += [f"grad:{self.program.outputs[i].name}" for i in self.diff_out]
@@ -206,6 +219,7 @@ class StageModules:
             kind=ModuleKind.backward,
             compiled=compiled,
             compile_seconds=seconds,
+            cache_hit=hit,
             invar_names=tuple(in_names),
             outvar_names=tuple(grad_params + grad_inputs),
             invar_sizes=_sizes(in_structs),
@@ -227,13 +241,13 @@ class StageModules:
         stash = list(self.forward_out[1])
         g = self.cotangent_structs()
         xg_sh = [self.shardings.inputs[i] for i in self.grad_in]
-        t0 = time.perf_counter()
+        split = self.split
         # input cotangents laid out as backward's; the handoff as the compiler propagates it
-        lowered = jax.jit(self.split.input_grad, out_shardings=(xg_sh, None)).lower(
-            self.param_structs, tuple(stash), g
+        lowered, compiled, seconds, hit = _lower_and_compile(
+            lambda: jax.jit(split.input_grad, out_shardings=(xg_sh, None)).lower(
+                self.param_structs, tuple(stash), g
+            )
         )
-        compiled = lowered.compile()
-        seconds = time.perf_counter() - t0
         outs = _with_shardings(lowered.out_info, compiled.output_shardings)
         self.handoff = tuple(outs[1])
         in_structs = self.param_structs + stash + list(g)
@@ -242,6 +256,7 @@ class StageModules:
             kind=ModuleKind.backward_input,
             compiled=compiled,
             compile_seconds=seconds,
+            cache_hit=hit,
             invar_names=tuple(self._backward_in_names()),
             outvar_names=tuple(grad_inputs + [f"handoff:{n}" for n in self.split.handoff_names]),
             invar_sizes=_sizes(in_structs),
@@ -260,13 +275,12 @@ class StageModules:
         if self.handoff is None or self.split is None:
             raise RuntimeError("compile_input_grad must run before compile_weight_grad")
         stash = list(self.forward_out[1])
-        t0 = time.perf_counter()
-        compiled = (
-            jax.jit(self.split.weight_grad, out_shardings=self.shardings.params)
-            .lower(self.param_structs, tuple(stash), self.handoff)
-            .compile()
+        split = self.split
+        _, compiled, seconds, hit = _lower_and_compile(
+            lambda: jax.jit(split.weight_grad, out_shardings=self.shardings.params).lower(
+                self.param_structs, tuple(stash), self.handoff
+            )
         )
-        seconds = time.perf_counter() - t0
         in_names = [p.name for p in self.program.params]
         in_names += [f"stash:{v.name}" for v in self.program.stash]
         in_names += [f"handoff:{n}" for n in self.split.handoff_names]
@@ -276,6 +290,7 @@ class StageModules:
             kind=ModuleKind.backward_weight,
             compiled=compiled,
             compile_seconds=seconds,
+            cache_hit=hit,
             invar_names=tuple(in_names),
             outvar_names=tuple(grad_params),
             invar_sizes=_sizes(in_structs),
@@ -290,18 +305,14 @@ class StageModules:
         state_leaves, _ = jax.tree_util.tree_flatten_with_path(state)
         p_sh = self.shardings.params
         s_sh = jax.tree_util.tree_map(lambda s: s.sharding, state)
-        t0 = time.perf_counter()
-        compiled = (
-            jax.jit(
+        _, compiled, seconds, hit = _lower_and_compile(
+            lambda: jax.jit(
                 self._apply_grad,
                 in_shardings=(p_sh, s_sh, p_sh),
                 out_shardings=(p_sh, s_sh),
                 donate_argnums=(0, 1),
-            )
-            .lower(self.param_structs, state, self.param_structs)
-            .compile()
+            ).lower(self.param_structs, state, self.param_structs)
         )
-        seconds = time.perf_counter() - t0
         names = [p.name for p in self.program.params]
         state_names = [f"opt_state{jax.tree_util.keystr(path)}" for path, _ in state_leaves]
         state_structs = [s for _, s in state_leaves]
@@ -310,6 +321,7 @@ class StageModules:
             kind=ModuleKind.apply_grad,
             compiled=compiled,
             compile_seconds=seconds,
+            cache_hit=hit,
             invar_names=tuple(names + state_names + [f"grad:{n}" for n in names]),
             outvar_names=tuple(names + state_names),
             invar_sizes=_sizes(self.param_structs + state_structs + self.param_structs),
