@@ -1,5 +1,6 @@
 """`PlanOptions.measure_stages` on a real job: a stage the estimate search leaves estimated
-(or cannot even estimate) is measured when the job is asked for it."""
+(or cannot even estimate), or a remat variant that memory leaves unneeded, is measured when
+the job is asked for it."""
 
 import pytest
 from sqlalchemy import select
@@ -54,3 +55,50 @@ def test_stages_asked_for_are_measured_where_the_search_would_not(
     # the rest came from the first job's measurements: only what was asked (or what the
     # search chose to verify with it) was measured
     assert second.stats.measured >= len(asked) and second.stats.reused > 0
+
+
+ESTIMATE_SKIPS_VARIANTS = (
+    "workers/jobs/estimate_loop.py skips every remat-variant stage when memory is ample "
+    "(`_memory_could_bind` false), those asked for by measure_stages too"
+)
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        "exhaustive",  # the gate's default ("prune" takes the same path for variants)
+        pytest.param(
+            "estimate", marks=pytest.mark.xfail(strict=True, reason=ESTIMATE_SKIPS_VARIANTS)
+        ),
+    ],
+)
+def test_a_remat_variant_asked_for_is_measured_where_memory_leaves_it_unneeded(
+    sessions: sessionmaker[Session], search: str
+) -> None:
+    """With remat: auto on ample memory, the remat-variant stages are not needed and
+    skipped, unless asked for."""
+    spec = tiny_gpt(num_layers=2)  # carries the full and dots variants
+    options = FAST_OPTIONS.model_copy(update={"remat": "auto", "search": search})
+    assert options.search_mode == search
+    runner = JobRunner(sessions, RunnerConfig(num_workers=1, lease_seconds=20))
+
+    plain = queue_job(sessions, spec, options, cluster=CLUSTER)
+    first = runner.run_next(plain)
+    assert first is not None and first.status == JobStatus.done, first
+    before = statuses(sessions, plain)
+    # configs 1 and 2 of a submesh: its data config under the full and dots variants; those
+    # of a stage whose layers all carry the variant are skipped (the embedding's is itself)
+    skipped = sorted(k for k, s in before.items() if k[3] > 0 and s == "pruned")
+    assert skipped, before
+    asked = skipped[-1]
+
+    key = StageKey(start=asked[0], end=asked[1], submesh_id=asked[2], config_id=asked[3])
+    job = queue_job(
+        sessions, spec, options.model_copy(update={"measure_stages": [key]}), cluster=CLUSTER
+    )
+    second = runner.run_next(job)
+    assert second is not None and second.status == JobStatus.done, second
+    after = statuses(sessions, job)
+    print(f"remat variant {asked}: {before[asked]} without measure_stages, {after[asked]} with")
+    assert after[asked] == "ok"
+    assert second.stats.measured == 1  # everything else reused or skipped as before
