@@ -86,8 +86,9 @@ def test_a_remat_variant_asked_for_is_measured_where_memory_leaves_it_unneeded(
     first = runner.run_next(plain)
     assert first is not None and first.status == JobStatus.done, first
     before = statuses(sessions, plain)
-    # configs 1 and 2 of a submesh: its data config under the full and dots variants; those
-    # of a stage whose layers all carry the variant are skipped (the embedding's is itself)
+    # configs 1 and 2 of a submesh: its data config under the full and dots variants; they
+    # are skipped, except where no layer of the stage carries a variant (the embedding
+    # alone: the same stage as written, measured)
     skipped = sorted(k for k, s in before.items() if k[3] > 0 and s == "pruned")
     assert skipped, before
     asked = skipped[-1]
