@@ -77,7 +77,7 @@ def test_a_remat_variant_asked_for_is_measured_where_memory_leaves_it_unneeded(
 ) -> None:
     """With remat: auto on ample memory, the remat-variant stages are not needed and
     skipped, unless asked for."""
-    spec = tiny_gpt(num_layers=2)  # carries the full and dots variants
+    spec = tiny_gpt(num_layers=1)  # embedding, block, head; carries the full and dots variants
     options = FAST_OPTIONS.model_copy(update={"remat": "auto", "search": search})
     assert options.search_mode == search
     runner = JobRunner(sessions, RunnerConfig(num_workers=1, lease_seconds=20))
