@@ -30,6 +30,7 @@ SearchMode = Literal["estimate", "prune", "exhaustive"]
 ZERO_BUBBLE_SCHEDULES: frozenset[str] = frozenset({"zb-h1"})
 MAX_VIRTUAL_STAGES = 16
 MAX_MICROBATCHES = 4096
+MAX_MEASURE_STAGES = 256  # PlanOptions.measure_stages
 ALL_STRATEGIES: tuple[StrategyName, ...] = ("data", "megatron", "fsdp")
 
 
@@ -143,10 +144,12 @@ class PlanOptions(Frozen):
 
     measure_stages: list[StageKey] = Field(
         default_factory=list,
-        max_length=256,
+        max_length=MAX_MEASURE_STAGES,
         description="Stage candidates the job measures whatever its search decides (e.g. "
         "`stageprof gate` asks for its baseline plan's stages, so its verdict rests on "
-        "measurements only); a key that is not a candidate of the job is ignored.",
+        "measurements only). A key whose `end` is not a layer of the model is refused (422) "
+        "when the model is known at request time (`model`, `model_id`); a zoo model is built "
+        "by the runner, which ignores any key that is not a candidate of the job.",
     )
 
     @field_validator("strategies")

@@ -2,8 +2,9 @@
 
 `check_plan_request` raises a 422 naming the field and the reason (or a 404/409 for a
 stored model that is missing or in the old form) and writes nothing: sizes, the cluster,
-manual submeshes, the micro-batch, the number of stage candidates against the cap, and
-last (the most expensive) the layers' programs.
+manual submeshes, the micro-batch, the stages to measure against the model's layers, the
+number of stage candidates against the cap, and last (the most expensive) the layers'
+programs.
 """
 
 from typing import Any
@@ -16,6 +17,7 @@ from schemas.limits import max_candidates
 from server.checks import (
     Errors,
     candidate_errors,
+    measure_stage_errors,
     micro_batch_errors,
     program_errors,
     raise_if,
@@ -74,6 +76,8 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     num_layers, micro_batch, flops, layers_loc, errors = _model_shape(body, session)
     raise_if(errors)
     raise_if(micro_batch_errors(body.options, micro_batch, options_loc))
+    if body.zoo is None:  # a zoo model is built by the runner, which ignores such keys
+        raise_if(measure_stage_errors(body.options, num_layers, options_loc))
     remats = 1
     if body.model is not None:  # a stored model's variants are counted by the runner
         carried = {v for layer in body.model.layers for v in layer.remat_variants}

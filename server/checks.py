@@ -84,6 +84,20 @@ def submesh_errors(options: PlanOptions, cluster: ClusterSpec, loc: Loc) -> Erro
     return errors
 
 
+def measure_stage_errors(options: PlanOptions, num_layers: int, loc: Loc) -> Errors:
+    """Each of `measure_stages` must lie within the model's layers (start <= end is the
+    key's own rule)."""
+    return [
+        field_error(
+            (*loc, "measure_stages", i, "end"),
+            f"layer {key.end} is past the model's last layer ({num_layers - 1}): the model "
+            f"has {num_layers} layers",
+        )
+        for i, key in enumerate(options.measure_stages)
+        if key.end >= num_layers
+    ][:20]
+
+
 def candidate_errors(
     count: CandidateCount,
     cap: int,

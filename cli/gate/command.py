@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cli.commands.trainer_output import print_trainer, trainer_json
 from cli.commands.zoo_args import load_model, one_line, parse_overrides
 from cli.gate.baseline import BaselineError, read_baseline, write_baseline
+from cli.gate.recost import measure_baseline
 from cli.gate.reports import GateResult, junit_xml, markdown
 from cli.gate.source import (
     GateError,
@@ -41,7 +42,8 @@ exit codes:
 
 The baseline is a plan JSON: written by `stageprof gate --write-baseline FILE` (or
 `stageprof plan --json > FILE`), committed, and refreshed on purpose when a change is meant
-to alter the plan. Today's measurements of the baseline's stages come from today's job.
+to alter the plan. Today's job is asked to measure the baseline's stages (whatever its
+search decides), and the verdict rests on those measurements, never on an estimate.
 """
 
 
@@ -115,8 +117,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser.add_argument(
         "--prune",
         action="store_true",
-        help="let today's job skip candidates that cannot beat its plan (faster; a pruned "
-        "baseline stage is then noted, not re-measured). Default: measure every candidate",
+        help="let today's job run its search (PlanOptions.search, estimate by default: "
+        "faster) instead of measuring every candidate; it still measures the baseline's "
+        "stages. Default: measure every candidate",
     )
     parser.add_argument(
         "--wait-timeout",
@@ -233,6 +236,7 @@ def _run_today(
     baseline: Plan | None,
     console: "Console",
 ) -> TodayRun:
+    """Today's job, asked to measure the baseline's stages (`recost.measure_baseline`)."""
     stages = baseline.stages if baseline is not None else []
 
     def say(line: str) -> None:
@@ -254,11 +258,14 @@ def _run_today(
         return run_local(args, cluster, options, load_spec, stages, say=say)
     from cli.gate.remote import run_remote
 
-    if source == "zoo":
+    if source == "zoo":  # built by the runner, which ignores the keys past its layers
         zoo = ZooRef(name=args.zoo, config=parse_overrides(args.overrides))
-        request = PlanRequest(zoo=zoo, cluster=cluster, options=options)
+        asked = measure_baseline(options, stages)
+        request = PlanRequest(zoo=zoo, cluster=cluster, options=asked)
     else:
-        request = PlanRequest(model=load_spec(), cluster=cluster, options=options)
+        spec = load_spec()
+        asked = measure_baseline(options, stages, spec.num_layers)
+        request = PlanRequest(model=spec, cluster=cluster, options=asked)
     return run_remote(
         args.server,
         args.token,

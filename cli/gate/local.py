@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from cli.gate.recost import remeasure
+from cli.gate.recost import measure_baseline, remeasure
 from cli.gate.source import GateError, TodayRun
 from schemas import ClusterSpec, ModelSpec, PlannedStage, PlanOptions, StageProfileResult
 
@@ -52,8 +52,9 @@ def run_local(
     *,
     say: Callable[[str], None],
 ) -> TodayRun:
-    """Plan today's model in this process; `load_spec` runs after Ray has started (it may
-    import jax, which Ray's forked processes must not inherit)."""
+    """Plan today's model in this process, its job asked to measure `baseline_stages`;
+    `load_spec` runs after Ray has started (it may import jax, which Ray's forked processes
+    must not inherit)."""
     from cli.commands.plan import queue_embedded_job
     from cli.commands.worker import runner_config
     from workers.cluster.ray_env import connect_ray
@@ -61,6 +62,7 @@ def run_local(
 
     connect_ray()
     spec = load_spec()
+    options = measure_baseline(options, baseline_stages, spec.num_layers)
     try:
         options.check_micro_batch(spec.micro_batch_size)
     except ValueError as err:

@@ -1,18 +1,27 @@
 """Today's measurements of the baseline's stages, read from today's job's profile table.
 
-A baseline stage is found among today's candidates by its range and its (submesh, config)
-ids; the candidate's measurement must be on the same submesh and config (the ids index the
-job's choices, which follow the cluster and options). A stage today's job pruned, or never
-enumerated, has no measurement: the verdict notes it.
+The gate asks today's job to measure the baseline's stages (`measure_baseline`:
+`PlanOptions.measure_stages`), whatever its search would decide, so that a verdict never
+rests on an estimate. A baseline stage is found among today's candidates by its range and
+its (submesh, config) ids; the candidate's measurement must be on the same submesh and
+config (the ids index the job's choices, which follow the cluster and options). A stage
+today's job pruned, only estimated, or never enumerated, has no measurement: the verdict
+notes it.
 """
 
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cli.gate.verdict import Remeasured
-from schemas import PlannedStage, StageProfileResult
+from schemas import PlannedStage, PlanOptions, StageKey, StageProfileResult
+from schemas.plan import MAX_MEASURE_STAGES
 
 PRUNED = "pruned"
+ESTIMATED = "estimated"
+UNMEASURED = {
+    PRUNED: "pruned: today's job found it could not be in a better plan",
+    ESTIMATED: "estimated only: today's job did not measure it",
+}
 
 
 class ProfileSource(Protocol):
@@ -27,10 +36,37 @@ class ProfileSource(Protocol):
         ...
 
 
+def baseline_keys(stages: Sequence[PlannedStage], num_layers: int | None = None) -> list[StageKey]:
+    """The baseline's stages as stage keys, each once, in order, at most
+    `MAX_MEASURE_STAGES`; with `num_layers` (today's model, when known), without the stages
+    past its last layer (a model that lost layers: they are no candidates today)."""
+    keys: dict[tuple[int, int, int, int], StageKey] = {}
+    for st in stages:
+        if num_layers is not None and st.end >= num_layers:
+            continue
+        key = StageKey(start=st.start, end=st.end, submesh_id=st.submesh_id, config_id=st.config_id)
+        keys.setdefault(key.as_tuple(), key)
+    return list(keys.values())[:MAX_MEASURE_STAGES]
+
+
+def measure_baseline(
+    options: PlanOptions, stages: Sequence[PlannedStage], num_layers: int | None = None
+) -> PlanOptions:
+    """`options` asking today's job to measure the baseline's stages too (unchanged when
+    there is no baseline stage to ask for)."""
+    asked = baseline_keys(stages, num_layers)
+    if not asked:
+        return options
+    have = {k.as_tuple() for k in options.measure_stages}
+    extra = [k for k in asked if k.as_tuple() not in have]
+    wanted = [*options.measure_stages, *extra][:MAX_MEASURE_STAGES]
+    return options.model_copy(update={"measure_stages": wanted})
+
+
 def remeasure(
     source: ProfileSource, job_id: str, stages: Sequence[PlannedStage]
 ) -> list[Remeasured]:
-    """One `Remeasured` per stage, in order."""
+    """One `Remeasured` per stage, in order: a measurement only, never an estimate."""
     return [_one(source, job_id, st) for st in stages]
 
 
@@ -45,8 +81,9 @@ def _one(source: ProfileSource, job_id: str, stage: PlannedStage) -> Remeasured:
     status = rows[0]["status"]
     if status is None:
         return Remeasured(missing="still pending when today's job ended")
-    if status == PRUNED:
-        return Remeasured(missing="pruned: today's job found it could not be in a better plan")
+    if status in UNMEASURED:
+        # whatever the store now holds under its fingerprint, today's job did not measure it
+        return Remeasured(missing=UNMEASURED[status])
     result = source.result(rows[0]["fingerprint"])
     if result is None:
         return Remeasured(missing="its measurement is not stored")

@@ -11,6 +11,8 @@ baseline's stages in, one check per rule out, each with a one-line reason.
   max_growth fails; any other move is a note.
 - a changed layout or schedule is a note; a job without a plan is undecided (exit 2) unless
   a check that could still be made failed.
+- only measurements decide: a baseline stage today's job did not measure (pruned, estimated
+  only) is a note, and a stage of today's plan with estimated numbers is undecided.
 """
 
 from collections.abc import Callable, Sequence
@@ -74,7 +76,8 @@ class Tolerances:
 @dataclass(frozen=True)
 class Remeasured:
     """Today's measurement of one baseline stage (its range, submesh and config), or why
-    there is none (`missing`: pruned, pending, not a candidate of today's job)."""
+    there is none (`missing`: pruned, estimated only, pending, not a candidate of today's
+    job). Never an estimate."""
 
     result: StageProfileResult | None = None
     missing: str | None = None
@@ -163,8 +166,10 @@ def decide(
         )
     else:
         checks.append(_layout_check(baseline, today))
-        checks += _fit_checks(today, device_memory_bytes)
-        checks.append(_time_check(baseline, today, tolerances))
+        estimated = _estimated_checks(today)
+        checks += estimated or _fit_checks(today, device_memory_bytes)
+        if not estimated:
+            checks.append(_time_check(baseline, today, tolerances))
     changed = today is None or not same_layout(baseline, today)
     if changed:
         checks += _baseline_fit_checks(baseline, remeasured)
@@ -191,6 +196,24 @@ def _layout_check(baseline: Plan, today: Plan) -> Check:
     return Check(
         "layout", Figure.layout, Outcome.passed, f"layout unchanged: {stage_layout(today.stages)}"
     )
+
+
+def _estimated_checks(today: Plan) -> list[Check]:
+    """Today's stages whose numbers are estimates (a job's plan is built from measured
+    stages, so never expected): each undecided, and today's memory and time are not judged,
+    so that a verdict never rests on an estimate."""
+    return [
+        Check(
+            f"stage {i} measured",
+            Figure.plan,
+            Outcome.undecided,
+            f"stage {i} ({stage_label(st)}) of today's plan was estimated, not measured: "
+            "the gate does not judge estimates",
+            stage=i,
+        )
+        for i, st in enumerate(today.stages)
+        if not st.measured
+    ]
 
 
 def _memory_need(peak: int, params: int, stash: int, stashed: int, available: int | None) -> str:

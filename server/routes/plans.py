@@ -199,8 +199,10 @@ def submit_plan(
     micro-batch (dim 0 of its first input); `manual_submeshes` is given when `submesh_space`
     is `manual`, each dividing the cluster (one host with a number of devices that divides
     `devices_per_host`, or whole hosts, a number dividing `num_hosts`) and, together, able to
-    cover it in at most as many stages as there are layers; each key of `measure_stages` has
-    `end >= start`; the options leave at least one stage candidate; `zoo.config`'s keys,
+    cover it in at most as many stages as there are layers; each of `measure_stages` has
+    `start <= end` and, for a `model` or `model_id`, `end` below the model's number of
+    layers (a zoo model's are not checked: the runner ignores a key that is not one of the
+    job's candidates); the options leave at least one stage candidate; `zoo.config`'s keys,
     value types and bounds are those of the zoo model `zoo.name`; an inline `model` meets
     the rules of `POST /v1/models`. A `model_id` that is not stored is a 404."""
     model_id = check_plan_request(body, session)

@@ -14,7 +14,7 @@ import xmlschema
 from cli.gate.command import fraction
 from cli.gate.source import GateError, load_entry
 from cli.main import build_parser, main
-from schemas import ModelSpec
+from schemas import ModelSpec, PlanOptions, PlanRequest
 from tests.cli.test_gate_verdict import BASE
 from tests.support.processes import free_port
 
@@ -186,3 +186,71 @@ def test_a_bad_entry_point_is_one_line(
     with pytest.raises(GateError, match=message) as err:
         load_entry(ref)
     assert "\n" not in str(err.value)
+
+
+class Stop(Exception):
+    pass
+
+
+def asked_keys(options: PlanOptions) -> list[tuple[int, int, int, int]]:
+    return [k.as_tuple() for k in options.measure_stages]
+
+
+@pytest.fixture
+def mlp_file(tmp_path: Path) -> Path:
+    """The tiny MLP (2 layers) as a spec file: BASE's second stage (layers 2-3) is past it."""
+    from client import zoo
+
+    path = tmp_path / "mlp.json"
+    path.write_text(zoo.build("mlp", preset="tiny").model_dump_json())
+    return path
+
+
+def test_todays_request_asks_to_measure_the_baseline_stages(
+    baseline: Path, mlp_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a server: the zoo model (built by the runner) gets every baseline stage; a spec
+    file's model only those within its layers; --write-baseline alone asks for none."""
+    requests: list[PlanRequest] = []
+
+    def run_remote(server: str, token: str | None, request: PlanRequest, *a, **k) -> None:
+        requests.append(request)
+        raise GateError("stopped before submitting")
+
+    monkeypatch.setattr("cli.gate.remote.run_remote", run_remote)
+    server = ["--server", "http://127.0.0.1:9"]
+    assert main(["gate", *TINY, *server, "--baseline", str(baseline)]) == 2
+    every = [(s.start, s.end, s.submesh_id, s.config_id) for s in BASE.stages]
+    assert every == [(0, 1, 0, 0), (2, 3, 0, 0)]
+    assert asked_keys(requests[-1].options) == every
+    file = ["--model", str(mlp_file), "--devices-per-host", "2", *server]
+    assert main(["gate", *file, "--baseline", str(baseline)]) == 2
+    assert asked_keys(requests[-1].options) == [(0, 1, 0, 0)]
+    written = baseline.parent / "new.json"
+    assert main(["gate", *file, "--write-baseline", str(written)]) == 2
+    assert asked_keys(requests[-1].options) == []
+    both = ["--baseline", str(baseline), "--write-baseline", str(written)]
+    assert main(["gate", *TINY, *server, *both]) == 2
+    assert asked_keys(requests[-1].options) == every
+
+
+def test_the_embedded_job_asks_to_measure_the_baseline_stages(
+    baseline: Path, mlp_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Embedded: the job queued in the store asks for the baseline stages within the model."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    queued: list[PlanOptions] = []
+
+    def queue(url: str | None, spec: ModelSpec, cluster: object, options: PlanOptions) -> None:
+        queued.append(options)
+        raise SQLAlchemyError("stopped before queueing")
+
+    monkeypatch.setattr("workers.cluster.ray_env.connect_ray", lambda: None)
+    monkeypatch.setattr("cli.commands.plan.queue_embedded_job", queue)
+    argv = ["gate", "--model", str(mlp_file), "--devices-per-host", "2"]
+    db = ["--database-url", f"sqlite:///{tmp_path / 'unused.db'}"]
+    assert main([*argv, *db, "--baseline", str(baseline)]) == 2
+    assert asked_keys(queued[-1]) == [(0, 1, 0, 0)]
+    assert main([*argv, *db, "--write-baseline", str(tmp_path / "new.json")]) == 2
+    assert asked_keys(queued[-1]) == []

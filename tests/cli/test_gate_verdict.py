@@ -272,6 +272,32 @@ def test_a_job_without_a_plan_is_undecided_unless_a_check_fails() -> None:
     assert by_name(v)["baseline stage 0 fits memory"].outcome == Outcome.failed
 
 
+def test_estimates_never_decide() -> None:
+    """A baseline stage today's job only estimated has no figure compared; a stage
+    of today's plan with estimated numbers (a plan is built from measured ones) leaves the
+    gate undecided, even where its estimated memory or time would fail."""
+    estimated = Remeasured(missing="estimated only: today's job did not measure it")
+    v = decide(BASE, BASE, [measured(BASE.stages[0]), estimated], TOL, device_memory_bytes=DEVICE)
+    assert v.exit_code == 0 and "stage 1 FLOPs" not in by_name(v)
+    today = plan_of(
+        [
+            stage(0, 1),
+            stage(2, 3, max_succ=-1, peak=60 * MIB).model_copy(update={"measured": False}),
+        ],
+        time_s=0.5,
+    )
+    v = decide(BASE, today, same_as(BASE), TOL, device_memory_bytes=DEVICE)
+    assert v.exit_code == 2
+    check = by_name(v)["stage 1 measured"]
+    assert check.outcome == Outcome.undecided and check.stage == 1
+    assert "stage 1 (layers 2-3 on 1x1 as 1x1/data) of today's plan was estimated" in check.reason
+    assert not {"iteration time", "stage 1 fits memory"} & set(by_name(v))
+    # the same plan measured: its time (10x the baseline's) fails
+    measured_today = today.model_copy(update={"stages": BASE.stages})
+    v = decide(BASE, measured_today, same_as(BASE), TOL, device_memory_bytes=DEVICE)
+    assert v.exit_code == 1 and by_name(v)["iteration time"].outcome == Outcome.failed
+
+
 def test_undecided_verdict_and_argument_checks() -> None:
     v = undecided("cannot reach the server at http://127.0.0.1:9: Connection refused")
     assert v.exit_code == 2 and v.checks[0].outcome == Outcome.undecided

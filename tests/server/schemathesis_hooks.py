@@ -89,6 +89,12 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         (PLANS,),
+        r"must be >= start \(|is past the model's last layer",
+        "measure_stages: a key's end >= its start, and below the model's number of layers",
+        field=r"^options\.measure_stages\.\d+(\.end)?$",
+    ),
+    CrossFieldRule(
+        (PLANS,),
         r"stage candidates|leave no stage candidate",
         "the number of stage candidates (layers x cluster x options) within the cap, and >= 1",
     ),

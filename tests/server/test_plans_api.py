@@ -5,6 +5,7 @@ import json
 import httpx
 import pytest
 
+from schemas.plan import MAX_MEASURE_STAGES
 from tests.server.factories import exported_chain_spec
 from tests.support.databases import RowCounts
 
@@ -154,3 +155,39 @@ def test_malformed_or_wrongly_shaped_bodies(
     assert r.status_code in (400, 422), (r.status_code, r.text)
     assert "detail" in r.json()
     assert row_counts() == before
+
+
+def test_measure_stages_past_the_model_are_422_before_anything_is_queued(
+    api: httpx.Client, row_counts: RowCounts
+) -> None:
+    spec = exported_chain_spec(num_layers=3).model_dump(mode="json")
+    model_id = api.post("/v1/models", json=spec).json()["id"]
+    inside = {"start": 1, "end": 2, "submesh_id": 0, "config_id": 0}
+    past = {"start": 1, "end": 3, "submesh_id": 0, "config_id": 0}
+    backwards = {"start": 2, "end": 1, "submesh_id": 0, "config_id": 0}
+    before = row_counts()
+    for model in ({"model_id": model_id}, {"model": spec}):
+        bad = model | {"cluster": CLUSTER, "options": {"measure_stages": [inside, past]}}
+        r = api.post("/v1/plans", json=bad)
+        assert r.status_code == 422, r.text
+        (err,) = r.json()["detail"]
+        assert err["field"] == "options.measure_stages.1.end"
+        assert "layer 3 is past the model's last layer (2)" in err["msg"]
+        r = api.post("/v1/plans", json=bad | {"options": {"measure_stages": [backwards]}})
+        assert r.status_code == 422, r.text
+        (err,) = r.json()["detail"]
+        assert err["field"] == "options.measure_stages.0" and "must be >= start" in err["msg"]
+        assert row_counts() == before
+    too_many = {"measure_stages": [inside] * (MAX_MEASURE_STAGES + 1)}
+    r = api.post("/v1/plans", json={"model_id": model_id, "options": too_many})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "options.measure_stages"
+    assert row_counts() == before
+    good = {"model_id": model_id, "cluster": CLUSTER, "options": {"measure_stages": [inside]}}
+    r = api.post("/v1/plans", json=good)
+    assert r.status_code == 202, r.text
+    job = api.get(r.json()["url"]).json()
+    assert job["options"]["measure_stages"] == [inside]
+    # a zoo model is built by the runner: its keys are not checked here (the runner ignores
+    # a key that is not one of the job's candidates)
+    zoo = {"zoo": "gpt", "config": {"num_layers": 2}, "options": {"measure_stages": [past]}}
+    assert api.post("/v1/plans", json=zoo | {"cluster": CLUSTER}).status_code == 202

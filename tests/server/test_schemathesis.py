@@ -85,3 +85,17 @@ def test_only_listed_cross_field_rules_pass() -> None:
     zoo_name = {"field": "zoo.name", "msg": "unknown zoo model 'x'"}
     zoo_config = {"field": "zoo.config.num_layers", "msg": "must be at most 64, got 65"}
     assert unlisted_errors(PLANS, [zoo_name, zoo_config]) == [zoo_name]
+
+
+def test_measure_stages_rules_are_listed_for_their_field_only() -> None:
+    past = {
+        "field": "options.measure_stages.1.end",
+        "msg": "layer 3 is past the model's last layer (2): the model has 3 layers",
+    }
+    backwards = {
+        "field": "options.measure_stages.0",
+        "msg": "Value error, end (1) must be >= start (2)",
+    }
+    assert unlisted_errors(PLANS, [past, backwards]) == []
+    elsewhere = backwards | {"field": "options.num_microbatches"}
+    assert unlisted_errors(PLANS, [elsewhere]) == [elsewhere]

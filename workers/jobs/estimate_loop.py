@@ -101,7 +101,8 @@ class EstimateLoop:
         if variants:
             if self._memory_could_bind():
                 measure(variants)
-            else:  # every as-written stage has room: no variant can help
+            else:  # every as-written stage has room: no variant can help (unless asked for)
+                measure([fp for fp in variants if fp in asked])
                 variant_fps = {fp for fp in pending if self._all_remat(fp)}
                 logger.info(
                     "job %s: memory is ample, %d remat-variant stages not needed",

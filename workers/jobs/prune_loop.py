@@ -35,11 +35,12 @@ def measure_pruned(
 ) -> None:
     """Measure the stages of `to_measure` (all of them with search: exhaustive, else those
     that could be in a better plan); remat variants after the as-written stages, and only
-    where those lack room."""
+    where those lack room; the stages of `options.measure_stages` whatever the rest says."""
+    asked = {k.as_tuple() for k in options.measure_stages}
     pruner = None
     if options.search_mode != "exhaustive":
         keep = planner.baseline_keys(spec.num_layers, space, cluster.num_devices)
-        keep |= {k.as_tuple() for k in options.measure_stages}
+        keep |= asked
         pruner = planner.StagePruner(spec, cluster, options, space, options.prune_margin, keep=keep)
         for known_key, result in known.items():
             pruner.add([known_key], result)
@@ -57,7 +58,8 @@ def measure_pruned(
 
         def worth(fp: str) -> bool:
             return any(
-                planner.remat_worth_measuring(
+                k.as_tuple() in asked
+                or planner.remat_worth_measuring(
                     k.as_tuple(), space, measured, spec.num_layers, cluster.num_devices, options
                 )
                 for k in keys_by_fp[fp]
