@@ -62,9 +62,10 @@ def layer_profile_keys(space: CandidateSpace) -> list[Key]:
 
 def with_layer_profiles(
     space: CandidateSpace, layer_fingerprints: Sequence[str]
-) -> tuple[CandidateSpace, list[Key]]:
-    """The space with the layer profiles its estimates need, and the stages estimated by
-    scaling instead.
+) -> tuple[CandidateSpace, list[Key], list[Key]]:
+    """The space with the layer profiles its estimates need, the stages estimated by
+    scaling instead, and the stages to measure directly (a cluster of one submesh: its
+    whole-model stages are the only plans).
 
     A submesh using every device holds only the whole model (Alpa's rule), so it has no
     layer profiles of its own. Where measuring its distinct layers and adjacent pairs
@@ -78,19 +79,24 @@ def with_layer_profiles(
     keys = list(space.keys)
     have = {k.as_tuple() for k in keys}
     scaled: list[Key] = []
+    direct: list[Key] = []
     for m in range(len(space.submeshes)):
         own = [k for k in have if k[2] == m]
         if not own or any(is_layer_profile(k) for k in own) or num_layers <= 2:
             continue
+        whole = sorted(k for k in own if (k[0], k[1]) == (0, num_layers - 1))
+        if len(space.submeshes) == 1:
+            direct += whole
+            continue
         if singles + 2 * pairs >= num_layers:
-            scaled += sorted(k for k in own if (k[0], k[1]) == (0, num_layers - 1))
+            scaled += whole
             continue
         for c in range(len(space.configs[m])):
             for a in range(num_layers):
                 for b in (a, a + 1):
                     if b < num_layers and (a, b, m, c) not in have:
                         keys.append(StageKey(start=a, end=b, submesh_id=m, config_id=c))
-    return CandidateSpace(space.submeshes, space.configs, keys), scaled
+    return CandidateSpace(space.submeshes, space.configs, keys), scaled, direct
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def _run(
     scaling: float = 0.5,
 ) -> tuple[EstimateSearch, dict[Key, StageProfileResult], list[list[Key]]]:
     spec, options = _spec(classes), _options(schedule)
-    space, scaled = with_layer_profiles(
+    space, scaled, _ = with_layer_profiles(
         enumerate_candidates(spec, CLUSTER, options), [x.fingerprint for x in spec.layers]
     )
     devices = [m.num_devices for m in space.submeshes]
@@ -147,12 +147,13 @@ def test_layer_profiles_are_added_on_the_whole_cluster_only_where_cheaper() -> N
     short = ["embed"] + ["block"] * 6 + ["head"]
     space = enumerate_candidates(_spec(short), CLUSTER, _options())
     whole = [m for m, s in enumerate(space.submeshes) if s.num_devices == 4]
-    more, scaled = with_layer_profiles(space, short)
+    more, scaled, direct = with_layer_profiles(space, short)
     # 3 distinct layers and 3 distinct pairs compile 9 layers, over the 8 of the model
     assert scaled == [(0, 7, whole[0], 0)] and len(more.keys) == len(space.keys)
+    assert not direct
     long = ["embed"] + ["block"] * 16 + ["head"]
     space = enumerate_candidates(_spec(long), CLUSTER, _options())
-    more, scaled = with_layer_profiles(space, long)
+    more, scaled, _ = with_layer_profiles(space, long)
     added = {k.as_tuple() for k in more.keys} - {k.as_tuple() for k in space.keys}
     assert not scaled and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
     assert len(added) == 18 + 17  # every single and adjacent pair on the whole cluster
@@ -202,3 +203,13 @@ def test_the_whole_model_on_every_device_is_measured_when_it_could_be_best(
     assert whole in search.measured  # the bound could beat the pipelines: measured
     assert whole not in search.candidates() - {k for k in search.measured}
     assert search.estimated_at_choice[whole] <= truth[whole].compute_cost  # a lower bound
+
+
+def test_one_device_measures_its_one_plan_directly() -> None:
+    """A cluster of one device has one submesh, holding only the whole model: no smaller
+    submesh to scale from, so the whole-model stage is measured directly."""
+    short = ["embed"] + ["block"] * 6 + ["head"]
+    one = ClusterSpec(num_hosts=1, devices_per_host=1)
+    space = enumerate_candidates(_spec(short), one, _options())
+    more, scaled, direct = with_layer_profiles(space, short)
+    assert direct == [(0, 7, 0, 0)] and not scaled and len(more.keys) == len(space.keys)

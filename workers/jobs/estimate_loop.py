@@ -57,6 +57,8 @@ class EstimateLoop:
     order: Callable[[list[str]], list[str]]
     # whole-model stages estimated by scaling (planner.with_layer_profiles)
     scaled: frozenset[Key]
+    # stages measured with the layer profiles (planner.with_layer_profiles)
+    direct: list[Key]
 
     def __post_init__(self) -> None:
         self.search = planner.EstimateSearch(
@@ -89,7 +91,7 @@ class EstimateLoop:
                     wanted, self.keys_by_fp, self.space.submeshes, sink, stats, keeper, ledger
                 )
 
-        required = {k.as_tuple() for k in self.options.measure_stages}
+        required = {k.as_tuple() for k in self.options.measure_stages} | set(self.direct)
         asked = [
             fp for fp in to_measure if any(k.as_tuple() in required for k in self.keys_by_fp[fp])
         ]
@@ -111,6 +113,10 @@ class EstimateLoop:
                 )
                 pending.difference_update(variant_fps)
                 self.phase.skip(sorted(variant_fps), stats)
+        point = self.search.point_table()
+        unscalable = [k for k in self.scaled if k not in point.estimated and k not in known]
+        if unscalable:  # no smaller submesh runs the whole model to scale from: measured
+            measure(list(dict.fromkeys(self.fp_of[k] for k in unscalable)))
         while True:
             keeper.check()
             self._say("estimates")

@@ -301,8 +301,10 @@ class JobRunner:
 
         space = enumerate_space(spec, cluster, options, keeper)
         scaled: list[tuple[int, int, int, int]] = []
+        direct: list[tuple[int, int, int, int]] = []
         if options.search_mode == "estimate":
-            space, scaled = planner.with_layer_profiles(space, [x.fingerprint for x in spec.layers])
+            fps = [x.fingerprint for x in spec.layers]
+            space, scaled, direct = planner.with_layer_profiles(space, fps)
         pool_config = self._pool_config(space)
         layout = make_layout(pool_config)
 
@@ -417,6 +419,7 @@ class JobRunner:
                 keys_by_fp,
                 lambda fps: by_group_shape(fps, keys_by_fp, space, layout),
                 frozenset(scaled),
+                direct,
             )
             loop.run(dict(known), to_measure, stats, keeper, ledger)
         else:
