@@ -114,7 +114,8 @@ class EstimateLoop:
                 pending.difference_update(variant_fps)
                 self.phase.skip(sorted(variant_fps), stats)
         point = self.search.point_table()
-        unscalable = [k for k in self.scaled if k not in point.estimated and k not in known]
+        done = self.search.measured
+        unscalable = [k for k in self.scaled if k not in point.estimated and k not in done]
         if unscalable:  # no smaller submesh runs the whole model to scale from: measured
             measure(list(dict.fromkeys(self.fp_of[k] for k in unscalable)))
         while True:
