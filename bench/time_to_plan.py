@@ -121,6 +121,7 @@ def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
         "compiles": (stats.measured + stats.failed) * len(MODULES),
         "cache_hits": sum(r.compile_cache_hits for r in measured_results(run)),
         "pruned": stats.pruned,
+        "estimated": stats.estimated,
         "failed": stats.failed,
         "wall_s": round(run.wall_seconds, 2),
         "load_avg": run.load_avg,

@@ -2,7 +2,9 @@
 its figures. Wall times are never asserted (the machine is shared); what the figures must
 satisfy whatever the timing is."""
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +17,10 @@ BREAKDOWN_KEYS = {"compile_forward_s", "compile_backward_s", "compile_apply_grad
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_time_to_plan() -> None:
-    out = run_script("time_to_plan.py", "--layers", "2", "--quick", "--micro-batches", "4")
+def test_time_to_plan(tmp_path: Path) -> None:
+    work = tmp_path / "runs"
+    args = ("--layers", "2", "--quick", "--micro-batches", "4")
+    out = run_script("time_to_plan.py", *args, "--work-dir", str(work))
     assert {"ratio", "same_plan", "plan_gap", "config_space", "strategies"} <= set(out)
     # the two identical blocks are one stage ours measures once and the exhaustive way twice
     assert out["exhaustive_same_stage_spread"]["stages_measured_more_than_once"] >= 1
@@ -27,13 +31,25 @@ def test_time_to_plan() -> None:
     # the exhaustive way measures every candidate on its own; ours each distinct stage at
     # most once (the two identical blocks are one stage)
     assert exhaustive["measured"] == exhaustive["candidates"] == ours["candidates"]
-    assert ours["measured"] + ours["pruned"] == ours["distinct_stages"] < ours["candidates"]
+    skipped = ours["pruned"] + ours["estimated"]
+    assert ours["measured"] + skipped == ours["distinct_stages"] < ours["candidates"]
+    # the estimate search: layer profiles, then the stages of the plans that could be best
+    search = ours["search"]
+    assert search["mode"] == "estimate" and search["layer_profiles"] > 0
+    assert search["layer_profiles"] + search["verified"] == ours["measured"]
+    assert exhaustive["search"] is None
     assert ours["compiles"] == 3 * (ours["measured"] + ours["failed"])
     # the exhaustive run compiles every candidate: no compilation cache
     assert exhaustive["cache_hits"] == 0 and 0 <= ours["cache_hits"] <= ours["compiles"]
     assert isinstance(out["same_plan"], bool) and out["ratio"] > 0
     # our plan is costed on the exhaustive table: never better than that table's optimum
     assert out["plan_gap"] >= -1e-9
+    # compared with the stored exhaustive run instead of running it again
+    (work / "run.log").write_text(json.dumps(out) + "\n")
+    again = run_script("time_to_plan.py", *args, "--only", "ours", "--exhaustive-from", str(work))
+    assert again["exhaustive_from"]["dir"] == str(work)
+    assert again["exhaustive"]["wall_s"] == exhaustive["wall_s"]
+    assert again["plan_gap"] >= -1e-9 and again["ratio"] > 0
 
 
 @pytest.mark.ray
