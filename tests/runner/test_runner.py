@@ -77,6 +77,10 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
     covered = [i for st in plan.stages for i in range(st.start, st.end + 1)]
     assert covered == list(range(spec.num_layers))
     assert sum(st.submesh.num_devices for st in plan.stages) == 4 * plan.virtual_stages
+    # the default search: the plan is made of measured stages only, and says what it measured
+    assert plan.search is not None and plan.search.mode == "estimate"
+    assert all(st.measured for st in plan.stages)
+    assert plan.search.layer_profiles > 0
     stats = outcome.stats
     # identical blocks: far fewer distinct stages than candidates
     assert stats.distinct_stages < 0.8 * stats.candidates
