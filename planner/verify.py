@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 PRIOR_BAND = 0.15  # the band before three stages were measured after being estimated
 MIN_BAND = 0.03
 MAX_ROUNDS = 24
-NEW_PER_ROUND = 6  # most stages of plans within the band beside the best one's, per round
+NEW_PER_ROUND = 2  # most stages of plans within the band beside the best one's, per round
 
 
 @dataclass
@@ -172,8 +172,9 @@ class EstimateSearch:
             self.rounds -= 1  # this round measured nothing
             return []
         limit = best.time * (1.0 + self.band())
+        cap = len(wanted) + NEW_PER_ROUND
         for other in ranked[1:]:
-            if other.time > limit or len(wanted) >= len(best.keys) + NEW_PER_ROUND:
+            if other.time > limit or len(wanted) >= cap:
                 break
             wanted += [k for k in self._unmeasured(other.keys) if k not in wanted]
         costs = self.point_costs(point)
