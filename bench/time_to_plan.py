@@ -277,7 +277,9 @@ def load_exhaustive(directory: Path) -> tuple[common.JobRun, dict[str, Any]]:
     lines = (directory / "run.log").read_text().splitlines()
     printed = json.loads(next(x for x in reversed(lines) if x.startswith("{")))
     figures = printed["exhaustive"] | {"commit": printed.get("commit")}
-    sessions = common.sqlite_sessions(directory / "exhaustive.db")
+    from store import make_engine, make_sessionmaker
+
+    sessions = make_sessionmaker(make_engine(f"sqlite:///{directory / 'exhaustive.db'}"))
     with session_scope(sessions) as s:
         row = s.scalars(select(JobRow)).one()
         results = dict(job_results(s, job_id=row.id))
