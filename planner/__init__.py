@@ -13,6 +13,7 @@ from planner.errors import NoFeasiblePlan
 from planner.estimate import (
     StageEstimator,
     is_layer_profile,
+    is_profiled,
     layer_profile_keys,
     with_layer_profiles,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "room_needed",
     "inference_dp",
     "is_layer_profile",
+    "is_profiled",
     "layer_profile_keys",
     "logical_meshes",
     "manual_stage_option",

@@ -55,9 +55,19 @@ def is_layer_profile(key: Key) -> bool:
     return key[1] - key[0] <= 1
 
 
-def layer_profile_keys(space: CandidateSpace) -> list[Key]:
-    """The candidates that are layer profiles, in the space's order."""
-    return [k.as_tuple() for k in space.keys if is_layer_profile(k.as_tuple())]
+def is_profiled(key: Key, layer_classes: Sequence[int] | Sequence[str]) -> bool:
+    """A stage measured up front to estimate from: one layer, or two adjacent layers that
+    differ (what their boundary costs). Two identical layers' boundary is learned from the
+    fitted model instead; such a pair is measured only if a plan that could be best has it."""
+    a, b = key[0], key[1]
+    return a == b or (b == a + 1 and layer_classes[a] != layer_classes[b])
+
+
+def layer_profile_keys(
+    space: CandidateSpace, layer_classes: Sequence[int] | Sequence[str]
+) -> list[Key]:
+    """The candidates measured up front (`is_profiled`), in the space's order."""
+    return [k.as_tuple() for k in space.keys if is_profiled(k.as_tuple(), layer_classes)]
 
 
 def with_layer_profiles(
@@ -75,7 +85,9 @@ def with_layer_profiles(
     measured when a plan that could be best holds one."""
     num_layers = len(layer_fingerprints)
     singles = len(set(layer_fingerprints))
-    pairs = len(set(zip(layer_fingerprints, layer_fingerprints[1:], strict=False)))
+    pairs = len(
+        {(a, b) for a, b in zip(layer_fingerprints, layer_fingerprints[1:], strict=False) if a != b}
+    )
     keys = list(space.keys)
     have = {k.as_tuple() for k in keys}
     scaled: list[Key] = []
@@ -94,7 +106,8 @@ def with_layer_profiles(
         for c in range(len(space.configs[m])):
             for a in range(num_layers):
                 for b in (a, a + 1):
-                    if b < num_layers and (a, b, m, c) not in have:
+                    key = (a, b, m, c)
+                    if b < num_layers and key not in have and is_profiled(key, layer_fingerprints):
                         keys.append(StageKey(start=a, end=b, submesh_id=m, config_id=c))
     return CandidateSpace(space.submeshes, space.configs, keys), scaled, direct
 
@@ -230,6 +243,8 @@ class StageEstimator:
         for k in range(a, b):
             pair = self._ok((k, k + 1, m, c))
             left, right = self._ok((k, k, m, c)), self._ok((k + 1, k + 1, m, c))
+            if pair is None and self.layer_classes[k] == self.layer_classes[k + 1]:
+                continue  # identical layers: sizes add, times come from the fitted model
             if pair is None or left is None or right is None:
                 return None
             assert total is not None

@@ -32,12 +32,14 @@ MODULES = {
 SIZE_FIELDS = ("initial_var_size", "intermediate_size", "weight_stash_size")
 
 
-def _additive(singles: FloatArray, pairs: FloatArray) -> FloatArray:
-    """`[L, L]`: Σ singles over a..b plus Σ (pair - its two singles) over the boundaries;
-    NaN where a value it needs is NaN."""
+def _additive(singles: FloatArray, pairs: FloatArray, same: NDArray[np.bool_]) -> FloatArray:
+    """`[L, L]`: Σ singles over a..b plus Σ (pair - its two singles) over the boundaries
+    (0 at an unmeasured boundary of two identical layers, `same`); NaN where a value it
+    needs is NaN."""
     num = len(singles)
     bad1 = np.concatenate([[0], np.cumsum(np.isnan(singles))])
     delta = pairs - singles[:-1] - singles[1:] if num > 1 else np.zeros(0)
+    delta = np.where(np.isnan(pairs) & same, 0.0, delta)
     bad2 = np.concatenate([[0], np.cumsum(np.isnan(delta))])
     s1 = np.concatenate([[0.0], np.cumsum(np.nan_to_num(singles))])
     d = np.concatenate([[0.0], np.cumsum(np.nan_to_num(delta))])
@@ -214,8 +216,10 @@ def _mesh_estimates(
             target[name][key[0]] = float(getattr(result, name))
     if np.isnan(singles["forward"]).all():
         return None
+    classes = np.asarray(estimator.layer_classes)
+    same = classes[:-1] == classes[1:]
     out: dict[str, FloatArray] = {}
-    valid = ~np.isnan(_additive(singles["forward"], pairs["forward"]))
+    valid = ~np.isnan(_additive(singles["forward"], pairs["forward"], same))
     for name, kind in MODULES.items():
         coef = estimator._fit(m, c, kind)
         if coef is None:
@@ -225,10 +229,10 @@ def _mesh_estimates(
         floor = _range_max(singles[name])
         out[name] = np.where(valid, np.fmax(out[name], floor), np.nan)
     _, p_scale = corrections.get((m, c), corrections.get(None, (1.0, 1.0)))
-    peak = _additive(singles["peak"], pairs["peak"]) * p_scale
+    peak = _additive(singles["peak"], pairs["peak"], same) * p_scale
     out["peak"] = np.fmax(peak, _range_max(singles["peak"]))
     for name in SIZE_FIELDS:
-        out[name] = np.maximum(_additive(singles[name], pairs[name]), 0.0)
+        out[name] = np.maximum(_additive(singles[name], pairs[name], same), 0.0)
     return out
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.candidates import CandidateSpace
-from planner.estimate import StageEstimator, is_layer_profile, relative_error
+from planner.estimate import StageEstimator, is_profiled, relative_error
 from planner.estimate_table import EstimatedTable, estimated_table
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
@@ -239,10 +239,11 @@ class EstimateSearch:
         point = self.point_costs() if point is None else point
         errors = self.errors()
         measured = [k for k, r in self.measured.items()]
+        classes = self.estimator.layer_classes
         return SearchSummary(
             mode="estimate",
-            layer_profiles=sum(1 for k in measured if is_layer_profile(k)),
-            verified=sum(1 for k in measured if not is_layer_profile(k)),
+            layer_profiles=sum(1 for k in measured if is_profiled(k, classes)),
+            verified=sum(1 for k in measured if not is_profiled(k, classes)),
             estimated=len(point),
             rounds=self.rounds,
             estimate_error_median=statistics.median(errors) if errors else None,

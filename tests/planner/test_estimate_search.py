@@ -9,7 +9,7 @@ import math
 import pytest
 
 from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
-from planner.estimate import StageEstimator, is_layer_profile
+from planner.estimate import StageEstimator, is_layer_profile, is_profiled
 from planner.table import Key
 from planner.time_model import fit, predict
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
@@ -80,7 +80,7 @@ def _run(
         for k in space.keys
     }
     search = EstimateSearch(spec, CLUSTER, options, space, frozenset(scaled))
-    for key in [k for k in truth if is_layer_profile(k)]:
+    for key in [k for k in truth if is_profiled(k, classes)]:
         search.add([key], truth[key])
     rounds = []
     while keys := search.next_round():
@@ -144,19 +144,22 @@ def test_time_model_is_exact_on_its_own_law() -> None:
 
 
 def test_layer_profiles_are_added_on_the_whole_cluster_only_where_cheaper() -> None:
-    short = ["embed"] + ["block"] * 6 + ["head"]
+    short = ["embed"] + ["block"] * 4 + ["head"]
     space = enumerate_candidates(_spec(short), CLUSTER, _options())
     whole = [m for m, s in enumerate(space.submeshes) if s.num_devices == 4]
     more, scaled, direct = with_layer_profiles(space, short)
-    # 3 distinct layers and 3 distinct pairs compile 9 layers, over the 8 of the model
-    assert scaled == [(0, 7, whole[0], 0)] and len(more.keys) == len(space.keys)
+    # 3 distinct layers and 2 distinct pairs of differing layers compile 7 layers, over 6
+    assert scaled == [(0, 5, whole[0], 0)] and len(more.keys) == len(space.keys)
     assert not direct
     long = ["embed"] + ["block"] * 16 + ["head"]
     space = enumerate_candidates(_spec(long), CLUSTER, _options())
     more, scaled, _ = with_layer_profiles(space, long)
     added = {k.as_tuple() for k in more.keys} - {k.as_tuple() for k in space.keys}
     assert not scaled and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
-    assert len(added) == 18 + 17  # every single and adjacent pair on the whole cluster
+    # every single and the two pairs of differing layers (embed-block, block-head)
+    assert sorted((k[0], k[1]) for k in added) == sorted(
+        [(i, i) for i in range(18)] + [(0, 1), (16, 17)]
+    )
 
 
 def test_estimates_add_sizes_exactly() -> None:
@@ -192,7 +195,7 @@ def test_the_whole_model_on_every_device_is_measured_when_it_could_be_best(
 ) -> None:
     """A short model: the whole-model stage on the 4 devices is estimated by perfect
     scaling (an optimistic bound), measured only when a plan that could be best holds it."""
-    short = ["embed"] + ["block"] * 6 + ["head"]
+    short = ["embed"] + ["block"] * 4 + ["head"]
     search, truth, _ = _run("1f1b", classes=short, scaling=scaling)
     (whole,) = search.scaled
     plan = search.plan()
@@ -208,8 +211,8 @@ def test_the_whole_model_on_every_device_is_measured_when_it_could_be_best(
 def test_one_device_measures_its_one_plan_directly() -> None:
     """A cluster of one device has one submesh, holding only the whole model: no smaller
     submesh to scale from, so the whole-model stage is measured directly."""
-    short = ["embed"] + ["block"] * 6 + ["head"]
+    short = ["embed"] + ["block"] * 4 + ["head"]
     one = ClusterSpec(num_hosts=1, devices_per_host=1)
     space = enumerate_candidates(_spec(short), one, _options())
     more, scaled, direct = with_layer_profiles(space, short)
-    assert direct == [(0, 7, 0, 0)] and not scaled and len(more.keys) == len(space.keys)
+    assert direct == [(0, 5, 0, 0)] and not scaled and len(more.keys) == len(space.keys)

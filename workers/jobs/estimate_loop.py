@@ -155,7 +155,8 @@ class EstimateLoop:
         return plan.model_copy(update={"search": summary})
 
     def _is_profile(self, fp: str) -> bool:
-        return any(planner.is_layer_profile(k.as_tuple()) for k in self.keys_by_fp[fp])
+        classes = self.search.estimator.layer_classes
+        return any(planner.is_profiled(k.as_tuple(), classes) for k in self.keys_by_fp[fp])
 
     def _all_remat(self, fp: str) -> bool:
         return all(self.space.is_remat(k) for k in self.keys_by_fp[fp])
