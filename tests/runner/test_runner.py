@@ -114,7 +114,11 @@ def test_killed_actor_is_replaced_and_its_candidate_retried(
     thread = threading.Thread(target=lambda: outcome_box.append(runner.run_next()))
     thread.start()
     wait_until(
-        lambda: runner.pool is not None and _any_recorded(sessions, job_id),
+        lambda: (
+            runner.pool is not None
+            and bool(runner.pool.actor_pids())
+            and _any_recorded(sessions, job_id)
+        ),
         120,
         "the job measuring",
     )

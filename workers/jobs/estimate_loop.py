@@ -88,7 +88,14 @@ class EstimateLoop:
             pending.difference_update(wanted)
             if wanted:
                 self.phase.run(
-                    wanted, self.keys_by_fp, self.space.submeshes, sink, stats, keeper, ledger
+                    wanted,
+                    self.keys_by_fp,
+                    self.space.submeshes,
+                    sink,
+                    stats,
+                    keeper,
+                    ledger,
+                    keep_idle=True,  # the next round comes within seconds
                 )
 
         required = {k.as_tuple() for k in self.options.measure_stages} | set(self.direct)

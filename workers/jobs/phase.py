@@ -110,6 +110,7 @@ class MeasuringPhase:
         stats: JobStats,
         keeper: LeaseKeeper,
         ledger: StageLedger,
+        keep_idle: bool = False,
     ) -> None:
         """Submit stages as measuring groups free up (one group shape at a time: the pool
         accepts a stage when a group of its shape is free), skipping what cannot matter,
@@ -117,7 +118,9 @@ class MeasuringPhase:
 
         Actors start at the first stage that needs measuring: a warm re-plan starts none.
         During an outage measuring goes on with the stages already claimed; their results
-        wait in `ledger` and are stored when the database is back."""
+        wait in `ledger` and are stored when the database is back. `keep_idle`: the caller
+        has more stages to come soon (the estimate search's next round): groups with nothing
+        to do are kept once the queue is empty instead of given back."""
 
         def feed(fp: str, result: StageProfileResult) -> None:
             if pruner is not None:
@@ -148,7 +151,8 @@ class MeasuringPhase:
                 wanted = _same_shape(pool, queue, keys_by_fp, submeshes, key)
                 pool.submit(CandidateTask(fp, key, submeshes[key.submesh_id]), wanted)
             if self.pool is not None and (
-                not queue or not self.pool.accepts(submeshes[keys_by_fp[queue[0]][0].submesh_id])
+                (not queue and not keep_idle)
+                or (queue and not self.pool.accepts(submeshes[keys_by_fp[queue[0]][0].submesh_id]))
             ):
                 self.pool.release_idle()  # nothing of their shape comes next: give them back
             if skipped:
