@@ -39,9 +39,8 @@ def test_stages_asked_for_are_measured_where_the_search_would_not(
     assert first is not None and first.status == JobStatus.done, first
     before = statuses(sessions, plain)
     estimated = sorted(k for k, s in before.items() if s == "estimated")
-    unestimated = sorted(k for k, s in before.items() if s == "pruned")
-    assert estimated and unestimated, before
-    asked = [estimated[-1], unestimated[0]]
+    assert len(estimated) >= 2, before
+    asked = [estimated[0], estimated[-1]]
     print(f"without measure_stages: {', '.join(f'{k} {before[k]}' for k in asked)}")
 
     keys = [StageKey(start=a, end=b, submesh_id=m, config_id=c) for a, b, m, c in asked]

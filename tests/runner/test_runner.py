@@ -102,7 +102,13 @@ def test_job_runs_to_a_plan_and_a_second_job_reuses_everything(
     assert again.stats.distinct_stages == stats.distinct_stages
     assert again.stats.reused == stats.measured and again.stats.pruned == stats.pruned
     assert again.stats.estimated == stats.estimated
-    assert again.plan is not None and again.plan.stages == plan.stages
+    assert again.plan is not None
+
+    def layout(stages: list) -> list:  # type: ignore[type-arg]
+        """The stages without the first job's estimates (made before it measured them)."""
+        return [st.model_dump(exclude={"estimated_cost_s"}) for st in stages]
+
+    assert layout(again.plan.stages) == layout(plan.stages)
 
 
 def test_killed_actor_is_replaced_and_its_candidate_retried(
