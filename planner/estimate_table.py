@@ -78,8 +78,9 @@ def estimated_table(
     """`measured` (built from the measured results) with every unmeasured candidate that
     can be estimated filled in; `scaled` (whole-model stages on every device, see
     `planner.with_layer_profiles`) at the perfect-scaling bound of the fastest estimate of
-    the whole model on a smaller submesh: its times and memory times d / D for d of its
-    devices and D of every device."""
+    the whole model on a smaller submesh (its times and memory times d / D for d of its
+    devices and D of every device), the times then multiplied by the smallest shortfall from
+    perfect scaling the measured ones showed (`scaling_shortfall`)."""
     arrays = {
         name: np.array(getattr(measured, name))
         for name in (
@@ -131,8 +132,9 @@ def estimated_table(
             arrays["max_n_succ_stages"][key] = _succ(avail, fixed, inter)
             estimated.add(key)
             lazy[key] = (m, c)
+    shortfall = scaling_shortfall(arrays, scaled, estimator)
     for key in sorted(scaled - known):
-        if _scale_into(arrays, key, estimator):
+        if _scale_into(arrays, key, estimator, shortfall):
             estimated.add(key)
     table = dataclasses.replace(
         measured,
@@ -153,9 +155,10 @@ def estimated_table(
     return EstimatedTable(table, frozenset(estimated))
 
 
-def _scale_into(arrays: dict[str, FloatArray], key: Key, estimator: StageEstimator) -> bool:
-    """Fill `key` (the whole model on every device) from the fastest whole-model stage on
-    a smaller submesh, perfectly scaled; False when there is none."""
+def _scaling_source(
+    arrays: dict[str, FloatArray], key: Key, estimator: StageEstimator
+) -> tuple[Key, float] | None:
+    """The fastest whole-model stage on a smaller submesh and its device ratio d / D."""
     a, b, m, _ = key
     devices = [s.num_devices for s in estimator.space.submeshes]
     total = arrays["forward"] + arrays["backward"]
@@ -168,11 +171,40 @@ def _scale_into(arrays: dict[str, FloatArray], key: Key, estimator: StageEstimat
             if np.isfinite(t) and (best is None or t < best[0]):
                 best = (t, (a, b, other, c))
     if best is None:
+        return None
+    return best[1], devices[best[1][2]] / devices[m]
+
+
+def scaling_shortfall(
+    arrays: dict[str, FloatArray], scaled: frozenset[Key], estimator: StageEstimator
+) -> float:
+    """The smallest measured / perfectly-scaled time over the scaled stages measured so
+    far (1 when none is): how far from perfect scaling the whole cluster's stages are."""
+    ratios = []
+    for key in scaled:
+        result = estimator.results.get(key)
+        source = _scaling_source(arrays, key, estimator)
+        if result is None or not result.ok or source is None:
+            continue
+        src, ratio = source
+        bound = float(arrays["forward"][src] + arrays["backward"][src]) * ratio
+        if bound > 0:
+            ratios.append(result.compute_cost / bound)
+    return min(ratios, default=1.0)
+
+
+def _scale_into(
+    arrays: dict[str, FloatArray], key: Key, estimator: StageEstimator, shortfall: float
+) -> bool:
+    """Fill `key` (the whole model on every device) from the fastest whole-model stage on
+    a smaller submesh, perfectly scaled, times `shortfall` (what the measured ones showed);
+    False when there is none."""
+    source = _scaling_source(arrays, key, estimator)
+    if source is None:
         return False
-    src = best[1]
-    ratio = devices[src[2]] / devices[m]
+    src, ratio = source
     for name in ("forward", "backward", "input_grad", "weight_grad"):
-        arrays[name][key] = arrays[name][src] * ratio
+        arrays[name][key] = arrays[name][src] * ratio * shortfall
     avail = float(estimator.available_memory)
     fixed = float(arrays["fixed_bytes"][src]) * ratio
     inter = float(arrays["intermediate"][src]) * ratio

@@ -5,6 +5,7 @@ to measure: the layer profiles first, then the stages each round asks for. The r
 `build_plan` on the whole true table (what measuring every candidate would give)."""
 
 import math
+import sys
 
 import pytest
 
@@ -216,3 +217,28 @@ def test_one_device_measures_its_one_plan_directly() -> None:
     space = enumerate_candidates(_spec(short), one, _options())
     more, scaled, direct = with_layer_profiles(space, short)
     assert direct == [(0, 5, 0, 0)] and not scaled and len(more.keys) == len(space.keys)
+
+
+def test_one_measured_whole_cluster_stage_corrects_the_scaling_of_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Several configs on every device: once one is measured far from perfect scaling, the
+    others' estimates carry that shortfall and are not measured one round each."""
+
+    def two_strategies(schedule: str = "1f1b") -> PlanOptions:
+        return PlanOptions(
+            num_microbatches=8,
+            strategies=["data", "megatron"],
+            schedule=schedule,  # type: ignore[arg-type]
+            remat="as_written",
+        )
+
+    monkeypatch.setattr(sys.modules[__name__], "_options", two_strategies)
+    short = ["embed"] + ["block"] * 4 + ["head"]
+    search, truth, _ = _run("1f1b", classes=short, scaling=0.0)  # no gain from more devices
+    assert len(search.scaled) == 5
+    measured = [k for k in search.scaled if k in search.measured]
+    assert 1 <= len(measured) <= 2
+    plan = search.plan()
+    reference = build_plan(_spec(short), CLUSTER, two_strategies(), search.space, truth)
+    assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)

@@ -64,6 +64,7 @@ class EstimateLoop:
         self.search = planner.EstimateSearch(
             self.spec, self.cluster, self.options, self.space, self.scaled
         )
+        self.estimated_stages = 0  # distinct stages stored as estimated (never measured)
         self.fp_of: dict[Key, str] = {
             k.as_tuple(): fp for fp, keys in self.keys_by_fp.items() for k in keys
         }
@@ -151,12 +152,11 @@ class EstimateLoop:
         assert summary is not None
         measured = {self.fp_of[k] for k in self.search.measured if k in self.fp_of}
         profiles = {fp for fp in measured if self._is_profile(fp)}
-        estimated = {self.fp_of[k] for k in self.search.point_costs() if k in self.fp_of}
         summary = summary.model_copy(
             update={
                 "layer_profiles": len(profiles),
                 "verified": len(measured - profiles),
-                "estimated": len(estimated - measured),
+                "estimated": self.estimated_stages,
             }
         )
         return plan.model_copy(update={"search": summary})
@@ -193,6 +193,7 @@ class EstimateLoop:
             by_fp[self.fp_of[key]] = seconds
         job_id = self.job_id
         never = [fp for fp in unmeasured if fp in by_fp]
+        self.estimated_stages = len(never)
         skipped = [fp for fp in unmeasured if fp not in by_fp]
 
         def put(s: Session) -> store.JobRow | None:
