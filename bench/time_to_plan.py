@@ -254,6 +254,7 @@ def report(
         out["plan_gap"] = round((ours_there - best) / best, 4) if best > 0 else math.nan
         out["ratio"] = round(exh.wall_seconds / ours.wall_seconds, 2)
         out["exhaustive_same_stage_spread"] = same_stage_spread(exh, ours.fingerprints)
+        out["plan_gap_on_medians"] = gap_on_medians(exh, ours, args.micro_batches)
     else:
         out["same_plan"] = None
         out["plan_gap"] = None
@@ -300,6 +301,51 @@ def load_exhaustive(directory: Path) -> tuple[common.JobRun, dict[str, Any]]:
         fingerprints=fingerprints,
     )
     return run, figures
+
+
+def gap_on_medians(exh: common.JobRun, ours: common.JobRun, micro: int) -> dict[str, Any]:
+    """The plan gap on the exhaustive table with its noise averaged out: each candidate at
+    the median of every measurement the exhaustive run made of its stage (identical blocks
+    measured apart), the optimum of that table (Alpa's DP) against each of our runs' plans
+    and the exhaustive run's own plan costed there."""
+    import numpy as np
+
+    from planner import training_dp
+
+    groups: dict[str, list[float]] = {}
+    for key, result in exh.results.items():
+        if result.ok:
+            groups.setdefault(ours.fingerprints.get(key, str(key)), []).append(result.compute_cost)
+    table = {
+        key: common.median(groups[ours.fingerprints.get(key, str(key))])
+        for key, result in exh.results.items()
+        if result.ok
+    }
+    plan = exh.outcome.plan
+    num_layers = max(k[1] for k in table) + 1
+    shape = (num_layers, num_layers, max(k[2] for k in table) + 1, max(k[3] for k in table) + 1)
+    cost = np.full(shape, np.inf)
+    for key, seconds in table.items():
+        cost[key] = seconds
+    submeshes = sorted(
+        {(r.submesh.hosts, r.submesh.devices_per_host) for r in exh.results.values()}
+    )
+    by_id = {
+        k[2]: (exh.results[k].submesh.hosts, exh.results[k].submesh.devices_per_host) for k in table
+    }
+    best = training_dp(cost, None, [by_id[m] for m in range(shape[2])], plan.num_devices, micro)
+
+    def alpa(keys: list[tuple[int, int, int, int]]) -> float:
+        times = [table[k] for k in keys]
+        return sum(times) + (micro - 1) * max(times)
+
+    ours_cost = alpa(common.plan_keys(ours.outcome.plan))
+    exh_cost = alpa(common.plan_keys(plan))
+    return {
+        "optimum_s": round(best.cost, 6),
+        "ours_gap": round(ours_cost / best.cost - 1, 4),
+        "exhaustive_plan_gap": round(exh_cost / best.cost - 1, 4),
+    }
 
 
 def same_stage_spread(exh: common.JobRun, fingerprints: dict) -> dict[str, Any]:

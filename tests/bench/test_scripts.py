@@ -44,6 +44,8 @@ def test_time_to_plan(tmp_path: Path) -> None:
     assert isinstance(out["same_plan"], bool) and out["ratio"] > 0
     # our plan is costed on the exhaustive table: never better than that table's optimum
     assert out["plan_gap"] >= -1e-9
+    medians = out["plan_gap_on_medians"]
+    assert medians["ours_gap"] >= -1e-9 and medians["exhaustive_plan_gap"] >= -1e-9
     # compared with the stored exhaustive run instead of running it again
     (work / "run.log").write_text(json.dumps(out) + "\n")
     again = run_script("time_to_plan.py", *args, "--only", "ours", "--exhaustive-from", str(work))
