@@ -327,9 +327,6 @@ def gap_on_medians(exh: common.JobRun, ours: common.JobRun, micro: int) -> dict[
     cost = np.full(shape, np.inf)
     for key, seconds in table.items():
         cost[key] = seconds
-    submeshes = sorted(
-        {(r.submesh.hosts, r.submesh.devices_per_host) for r in exh.results.values()}
-    )
     by_id = {
         k[2]: (exh.results[k].submesh.hosts, exh.results[k].submesh.devices_per_host) for k in table
     }
