@@ -330,7 +330,9 @@ def gap_on_medians(exh: common.JobRun, ours: common.JobRun, micro: int) -> dict[
     by_id = {
         k[2]: (exh.results[k].submesh.hosts, exh.results[k].submesh.devices_per_host) for k in table
     }
-    best = training_dp(cost, None, [by_id[m] for m in range(shape[2])], plan.num_devices, micro)
+    best = training_dp(
+        cost, None, [by_id.get(m, (1, 1)) for m in range(shape[2])], plan.num_devices, micro
+    )
 
     def alpa(keys: list[tuple[int, int, int, int]]) -> float:
         times = [table[k] for k in keys]
