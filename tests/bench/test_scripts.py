@@ -42,8 +42,10 @@ def test_time_to_plan(tmp_path: Path) -> None:
     # the exhaustive run compiles every candidate: no compilation cache
     assert exhaustive["cache_hits"] == 0 and 0 <= ours["cache_hits"] <= ours["compiles"]
     assert isinstance(out["same_plan"], bool) and out["ratio"] > 0
-    # our plan is costed on the exhaustive table: never better than that table's optimum
-    assert out["plan_gap"] >= -1e-9
+    # our plan costed on the exhaustive table: `plan_gap` is against the exhaustive run's own
+    # plan, chosen by simulated time, so it may be negative; on the table of medians it is
+    # against that table's optimum under Alpa's objective (the DP's), never below it
+    assert isinstance(out["plan_gap"], float)
     medians = out["plan_gap_on_medians"]
     assert medians["ours_gap"] >= -1e-9 and medians["exhaustive_plan_gap"] >= -1e-9
     # compared with the stored exhaustive run instead of running it again
@@ -51,7 +53,7 @@ def test_time_to_plan(tmp_path: Path) -> None:
     again = run_script("time_to_plan.py", *args, "--only", "ours", "--exhaustive-from", str(work))
     assert again["exhaustive_from"]["dir"] == str(work)
     assert again["exhaustive"]["wall_s"] == exhaustive["wall_s"]
-    assert again["plan_gap"] >= -1e-9 and again["ratio"] > 0
+    assert again["plan_gap_on_medians"]["ours_gap"] >= -1e-9 and again["ratio"] > 0
 
 
 @pytest.mark.ray
