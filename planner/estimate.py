@@ -33,8 +33,10 @@ from schemas import (
     ModuleKind,
     ModuleProfileResult,
     ProfileStatus,
+    ShardingConfig,
     StageKey,
     StageProfileResult,
+    SubmeshShape,
     max_n_succ_stages,
 )
 
@@ -294,7 +296,6 @@ class StageEstimator:
         a, b, m, c = key
         corr = self.corrections() if corrections is None else corrections
         _, p_scale = corr.get((m, c), corr.get(None, (1.0, 1.0)))
-        submesh, config = self.space.resolve(key)
         gamma = self.length_exponent() if exponent is None else exponent
         times = {}
         for kind, additive in raw.times.items():
@@ -309,54 +310,83 @@ class StageEstimator:
                 if kind in times:
                     times[kind] = max(times[kind], t)
             peak = max(peak, int(one.peak))
-        modules = tuple(
-            ModuleProfileResult.model_construct(
-                module=kind,
-                compute_cost=times[kind],
-                peak_memory=peak if kind == ModuleKind.forward else 0,
-                temp_buffer_size=0,
-                invar_names=(),
-                outvar_names=(),
-                invar_sizes=(),
-                outvar_sizes=(),
-                donated_invars=(),
-                acc_grad_invars_indices=(),
-                acc_grad_outvars_indices=(),
-                available_memory=self.available_memory,
-                compute_cost_samples_s=(),
-                compute_cost_spread=0.0,
-                compile_seconds=0.0,
-                flops=0.0,
-                bytes_accessed=0.0,
-                collective_bytes={},
-            )
-            for kind in TIMED
-            if kind in times
-        )
-        initial = int(sizes["initial_var_size"])
-        intermediate = int(sizes["intermediate_size"])
-        return StageProfileResult.model_construct(
-            status=ProfileStatus.ok,
-            error=None,
-            fingerprint=fingerprint,
-            key=None,
-            submesh=submesh,
-            config=config,
-            num_layers=b - a + 1,
-            module_profile_results=modules,
-            available_memory=self.available_memory,
-            initial_var_size=initial,
-            intermediate_size=intermediate,
-            weight_stash_size=int(sizes["weight_stash_size"]),
-            max_n_succ_stages=max_n_succ_stages(self.available_memory, peak, initial, intermediate),
-            input_shardings={},
+        submesh, config = self.space.resolve(key)
+        return estimated_result(
+            submesh,
+            config,
+            b - a + 1,
+            {kind: times[kind] for kind in TIMED if kind in times},
+            peak=peak,
+            initial=int(sizes["initial_var_size"]),
+            intermediate=int(sizes["intermediate_size"]),
+            weight_stash=int(sizes["weight_stash_size"]),
+            available=self.available_memory,
             flops=sizes["flops"],
-            compile_seconds=0.0,
-            device_kind="",
-            jax_version="",
-            measured_by=(),
-            estimate_bytes=None,
+            fingerprint=fingerprint,
         )
+
+
+def estimated_result(
+    submesh: SubmeshShape,
+    config: ShardingConfig,
+    num_layers: int,
+    times: Mapping[ModuleKind, float],
+    *,
+    peak: int,
+    initial: int,
+    intermediate: int,
+    weight_stash: int,
+    available: int,
+    flops: float = 0.0,
+    fingerprint: str = "",
+) -> StageProfileResult:
+    """An estimated stage as a result (status ok, unvalidated: made for every candidate a
+    plan shows): one module per time, the peak on the forward, Alpa's memory rule applied."""
+    modules = tuple(
+        ModuleProfileResult.model_construct(
+            module=kind,
+            compute_cost=seconds,
+            peak_memory=peak if kind == ModuleKind.forward else 0,
+            temp_buffer_size=0,
+            invar_names=(),
+            outvar_names=(),
+            invar_sizes=(),
+            outvar_sizes=(),
+            donated_invars=(),
+            acc_grad_invars_indices=(),
+            acc_grad_outvars_indices=(),
+            available_memory=available,
+            compute_cost_samples_s=(),
+            compute_cost_spread=0.0,
+            compile_seconds=0.0,
+            flops=0.0,
+            bytes_accessed=0.0,
+            collective_bytes={},
+        )
+        for kind, seconds in times.items()
+    )
+    return StageProfileResult.model_construct(
+        status=ProfileStatus.ok,
+        error=None,
+        fingerprint=fingerprint,
+        key=None,
+        submesh=submesh,
+        config=config,
+        num_layers=num_layers,
+        module_profile_results=modules,
+        available_memory=available,
+        initial_var_size=initial,
+        intermediate_size=intermediate,
+        weight_stash_size=weight_stash,
+        max_n_succ_stages=max_n_succ_stages(available, peak, initial, intermediate),
+        input_shardings={},
+        flops=flops,
+        compile_seconds=0.0,
+        device_kind="",
+        jax_version="",
+        measured_by=(),
+        estimate_bytes=None,
+    )
 
 
 def _stage_time(q: Quantities) -> float:

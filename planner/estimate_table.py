@@ -12,11 +12,10 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.estimate import StageEstimator, is_layer_profile
+from planner.estimate import StageEstimator, estimated_result, is_layer_profile
 from planner.table import CostTable, Key
 from schemas import (
     ModuleKind,
-    ModuleProfileResult,
     ProfileStatus,
     StageProfileResult,
     max_n_succ_stages,
@@ -323,51 +322,22 @@ class _LazyResults(Mapping[Key, StageProfileResult]):
 
 
 def _from_table(table: CostTable, key: Key, estimator: StageEstimator) -> StageProfileResult:
-    """A scaled estimate as a result, from the table's numbers."""
+    """A scaled estimate as a result, from the table's numbers (its peak holds the
+    parameters and optimizer state too: `fixed_bytes`)."""
     submesh, config = estimator.space.resolve(key)
-    modules = tuple(
-        ModuleProfileResult.model_construct(
-            module=kind,
-            compute_cost=float(getattr(table, name)[key]),
-            peak_memory=int(table.fixed_bytes[key]) if kind == ModuleKind.forward else 0,
-            temp_buffer_size=0,
-            invar_names=(),
-            outvar_names=(),
-            invar_sizes=(),
-            outvar_sizes=(),
-            donated_invars=(),
-            acc_grad_invars_indices=(),
-            acc_grad_outvars_indices=(),
-            available_memory=estimator.available_memory,
-            compute_cost_samples_s=(),
-            compute_cost_spread=0.0,
-            compile_seconds=0.0,
-            flops=0.0,
-            bytes_accessed=0.0,
-            collective_bytes={},
-        )
+    times = {
+        kind: float(getattr(table, name)[key])
         for name, kind in MODULES.items()
         if np.isfinite(getattr(table, name)[key])
-    )
-    return StageProfileResult.model_construct(
-        status=ProfileStatus.ok,
-        error=None,
-        fingerprint="",
-        key=None,
-        submesh=submesh,
-        config=config,
-        num_layers=key[1] - key[0] + 1,
-        module_profile_results=modules,
-        available_memory=estimator.available_memory,
-        initial_var_size=0,
-        intermediate_size=int(table.intermediate[key]),
-        weight_stash_size=int(table.weight_stash[key]),
-        max_n_succ_stages=int(table.max_n_succ_stages[key]),
-        input_shardings={},
-        flops=0.0,
-        compile_seconds=0.0,
-        device_kind="",
-        jax_version="",
-        measured_by=(),
-        estimate_bytes=None,
+    }
+    return estimated_result(
+        submesh,
+        config,
+        key[1] - key[0] + 1,
+        times,
+        peak=int(table.fixed_bytes[key]),
+        initial=0,
+        intermediate=int(table.intermediate[key]),
+        weight_stash=int(table.weight_stash[key]),
+        available=estimator.available_memory,
     )
