@@ -212,26 +212,25 @@ def set_job_model(session: Session, *, job_id: str, model_id: str) -> None:
     )
 
 
-def set_job_waiting(session: Session, *, job_id: str, owner: str, waiting: str | None) -> bool:
-    """Say what a running job waits for (None: nothing); only its lease owner may."""
+def _update_running(session: Session, job_id: str, owner: str, **values: Any) -> bool:
+    """Update a running job's row, only as its lease owner; whether a row was updated."""
     result = session.execute(
         update(JobRow)
         .where(JobRow.id == job_id, JobRow.lease_owner == owner, JobRow.status.not_in(FINISHED))
-        .values(waiting=waiting[:256] if waiting else None)
+        .values(**values)
         .execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0))
+
+
+def set_job_waiting(session: Session, *, job_id: str, owner: str, waiting: str | None) -> bool:
+    """Say what a running job waits for (None: nothing); only its lease owner may."""
+    return _update_running(session, job_id, owner, waiting=waiting[:256] if waiting else None)
 
 
 def set_job_phase(session: Session, *, job_id: str, owner: str, phase: str | None) -> bool:
     """Say what a running job is doing (None: nothing in particular); only its lease owner may."""
-    result = session.execute(
-        update(JobRow)
-        .where(JobRow.id == job_id, JobRow.lease_owner == owner, JobRow.status.not_in(FINISHED))
-        .values(phase=phase[:64] if phase else None)
-        .execution_options(synchronize_session=False)
-    )
-    return bool(getattr(result, "rowcount", 0))
+    return _update_running(session, job_id, owner, phase=phase[:64] if phase else None)
 
 
 def finish_job(

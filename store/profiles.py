@@ -162,42 +162,39 @@ def pending_fingerprints(session: Session, *, job_id: str) -> list[str]:
     return list(seen)
 
 
-def mark_pruned(session: Session, *, job_id: str, fingerprints: Iterable[str]) -> int:
-    """Record that the job skips these stages (no profile); returns how many candidates."""
+def _mark_without_profile(
+    session: Session, job_id: str, fingerprints: Iterable[str], status: str, pending_only: bool
+) -> int:
+    """Give the job's candidates of these fingerprints that have no profile `status` (only
+    those with no status yet: `pending_only`); returns how many candidates."""
     wanted = list(fingerprints)
     if not wanted:
         return 0
+    conditions = [
+        JobCandidateRow.job_id == job_id,
+        JobCandidateRow.fingerprint.in_(wanted),
+        JobCandidateRow.profile_id.is_(None),
+    ]
+    if pending_only:
+        conditions.append(JobCandidateRow.status.is_(None))
     result = session.execute(
         update(JobCandidateRow)
-        .where(
-            JobCandidateRow.job_id == job_id,
-            JobCandidateRow.fingerprint.in_(wanted),
-            JobCandidateRow.profile_id.is_(None),
-        )
-        .values(status=PRUNED, recorded_at=utcnow())
+        .where(*conditions)
+        .values(status=status, recorded_at=utcnow())
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def mark_pruned(session: Session, *, job_id: str, fingerprints: Iterable[str]) -> int:
+    """Record that the job skips these stages (no profile); returns how many candidates."""
+    return _mark_without_profile(session, job_id, fingerprints, PRUNED, pending_only=False)
 
 
 def mark_estimated(session: Session, *, job_id: str, fingerprints: Iterable[str]) -> int:
     """Record that the job never measured these stages: their numbers are estimates only
     (search: estimate); returns how many candidates."""
-    wanted = list(fingerprints)
-    if not wanted:
-        return 0
-    result = session.execute(
-        update(JobCandidateRow)
-        .where(
-            JobCandidateRow.job_id == job_id,
-            JobCandidateRow.fingerprint.in_(wanted),
-            JobCandidateRow.profile_id.is_(None),
-            JobCandidateRow.status.is_(None),
-        )
-        .values(status=ESTIMATED, recorded_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return _mark_without_profile(session, job_id, fingerprints, ESTIMATED, pending_only=True)
 
 
 def record_estimates(session: Session, *, job_id: str, estimates: Mapping[str, float]) -> int:

@@ -20,7 +20,7 @@ from schemas import (
 from workers.jobs.heartbeat import LeaseKeeper
 from workers.jobs.job_stats import JobStats
 from workers.jobs.phase import MeasuringPhase
-from workers.jobs.retry import StoreRetry, is_transient
+from workers.jobs.retry import StoreRetry
 from workers.jobs.stage_ledger import StageLedger
 
 logger = logging.getLogger(__name__)
@@ -214,8 +214,4 @@ class EstimateLoop:
         def put(s: Session) -> bool:
             return store.set_job_phase(s, job_id=job_id, owner=owner, phase=phase)
 
-        try:
-            self.store.once("phase", put)
-        except Exception as err:
-            if not is_transient(err):
-                raise
+        self.store.best_effort("phase", put)

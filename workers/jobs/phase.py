@@ -81,11 +81,7 @@ class MeasuringPhase:
         def put(s: Session) -> bool:
             return store.set_job_waiting(s, job_id=job_id, owner=owner, waiting=waiting)
 
-        try:
-            self.store.once("waiting", put)
-        except Exception as err:
-            if not is_transient(err):
-                raise
+        self.store.best_effort("waiting", put)
 
     def ensure_pool(self) -> GroupPool:
         """The phase's pool, started now if it is not yet."""

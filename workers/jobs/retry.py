@@ -145,3 +145,12 @@ class StoreRetry:
             if is_transient(err):
                 self.counters.add("db_retries")
             raise
+
+    def best_effort(self, what: str, fn: Callable[[Session], object]) -> None:
+        """`fn(session)` tried once; during an outage it is skipped (a later call says it
+        again), any other error is raised."""
+        try:
+            self.once(what, fn)
+        except Exception as err:
+            if not is_transient(err):
+                raise
