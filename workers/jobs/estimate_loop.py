@@ -2,26 +2,15 @@
 estimate every stage and measure only where it decides the plan (`planner.verify`)."""
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
 import planner
 import store
-from schemas import (
-    ClusterSpec,
-    ModelSpec,
-    Plan,
-    PlanOptions,
-    StageKey,
-    StageProfileResult,
-)
-from workers.jobs.heartbeat import LeaseKeeper
-from workers.jobs.job_stats import JobStats
-from workers.jobs.phase import MeasuringPhase
-from workers.jobs.retry import StoreRetry
-from workers.jobs.stage_ledger import StageLedger
+from schemas import ClusterSpec, ModelSpec, Plan, PlanOptions, StageProfileResult
+from workers.jobs.job_context import JobContext
 
 logger = logging.getLogger(__name__)
 Key = tuple[int, int, int, int]
@@ -45,61 +34,54 @@ class _Sink:
 class EstimateLoop:
     """Runs the estimate search of one job on its measuring phase."""
 
-    store: StoreRetry
-    job_id: str
-    owner: str
-    spec: ModelSpec
-    cluster: ClusterSpec
-    options: PlanOptions
-    space: planner.CandidateSpace
-    phase: MeasuringPhase
-    keys_by_fp: dict[str, list[StageKey]]
-    order: Callable[[list[str]], list[str]]
-    # whole-model stages estimated by scaling (planner.with_layer_profiles)
-    scaled: frozenset[Key]
-    # stages measured with the layer profiles (planner.with_layer_profiles)
-    direct: list[Key]
+    ctx: JobContext
+    search: planner.EstimateSearch = field(init=False)
 
     def __post_init__(self) -> None:
+        ctx = self.ctx
         self.search = planner.EstimateSearch(
-            self.spec, self.cluster, self.options, self.space, self.scaled
+            ctx.spec, ctx.cluster, ctx.options, ctx.space, ctx.scaled
         )
         self.estimated_stages = 0  # distinct stages stored as estimated (never measured)
-        self.fp_of: dict[Key, str] = {
-            k.as_tuple(): fp for fp, keys in self.keys_by_fp.items() for k in keys
-        }
+        self.fp_of: dict[Key, str] = ctx.candidates.fp_of
+        self.keys_by_fp = ctx.keys_by_fp
 
-    def run(
-        self,
-        known: dict[Key, StageProfileResult],
-        to_measure: list[str],
-        stats: JobStats,
-        keeper: LeaseKeeper,
-        ledger: StageLedger,
-    ) -> None:
+    @property
+    def job_id(self) -> str:
+        return self.ctx.job_id
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.ctx.spec
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.ctx.cluster
+
+    @property
+    def options(self) -> PlanOptions:
+        return self.ctx.options
+
+    @property
+    def space(self) -> planner.CandidateSpace:
+        return self.ctx.space
+
+    def run(self, known: dict[Key, StageProfileResult], to_measure: list[str]) -> None:
         """Measure layer profiles, then the stages the rounds ask for; the stages never
         measured are stored as estimated, with their estimates."""
+        keeper = self.ctx.keeper
         for key, result in known.items():
             self.search.add([key], result)
         pending = set(to_measure)
         sink = _Sink(self.search)
 
         def measure(fps: Sequence[str]) -> None:
-            wanted = self.order([fp for fp in fps if fp in pending])
+            wanted = self.ctx.by_group_shape([fp for fp in fps if fp in pending])
             pending.difference_update(wanted)
-            if wanted:
-                self.phase.run(
-                    wanted,
-                    self.keys_by_fp,
-                    self.space.submeshes,
-                    sink,
-                    stats,
-                    keeper,
-                    ledger,
-                    keep_idle=True,  # the next round comes within seconds
-                )
+            if wanted:  # keep_idle: the next round comes within seconds
+                self.ctx.measure(wanted, sink, keep_idle=True)
 
-        required = {k.as_tuple() for k in self.options.measure_stages} | set(self.direct)
+        required = {k.as_tuple() for k in self.options.measure_stages} | set(self.ctx.direct)
         asked = [
             fp for fp in to_measure if any(k.as_tuple() in required for k in self.keys_by_fp[fp])
         ]
@@ -120,10 +102,10 @@ class EstimateLoop:
                     len(variant_fps),
                 )
                 pending.difference_update(variant_fps)
-                self.phase.skip(sorted(variant_fps), stats)
+                self.ctx.skip(sorted(variant_fps))
         point = self.search.point_table()
         done = self.search.measured
-        unscalable = [k for k in self.scaled if k not in point.estimated and k not in done]
+        unscalable = [k for k in self.ctx.scaled if k not in point.estimated and k not in done]
         if unscalable:  # no smaller submesh runs the whole model to scale from: measured
             measure(list(dict.fromkeys(self.fp_of[k] for k in unscalable)))
         while True:
@@ -142,7 +124,7 @@ class EstimateLoop:
             self._say(f"verification round {self.search.rounds}")
             measure(fresh)
         logger.info("job %s: estimate search: %s", self.job_id, self.search.stopped)
-        self._store_estimates(sorted(pending), stats)
+        self._store_estimates(sorted(pending))
 
     def plan(self) -> Plan:
         """The plan from the measured stages, annotated with the estimates (see
@@ -183,7 +165,7 @@ class EstimateLoop:
                 return True
         return False
 
-    def _store_estimates(self, unmeasured: list[str], stats: JobStats) -> None:
+    def _store_estimates(self, unmeasured: list[str]) -> None:
         """Each candidate's estimate (what it was when chosen, for the measured ones) and the
         never-measured stages as `estimated`."""
         by_fp: dict[str, float] = {}
@@ -203,15 +185,15 @@ class EstimateLoop:
             store.refresh_progress(s, job_id=job_id)
             return store.get_job(s, job_id=job_id)
 
-        job = self.store.patient("estimates", put)
-        if self.phase.on_progress is not None:
-            self.phase.on_progress(job, stats)
+        job = self.ctx.store.patient("estimates", put)
+        if self.ctx.phase.on_progress is not None:
+            self.ctx.phase.on_progress(job, self.ctx.stats)
 
     def _say(self, phase: str) -> None:
         """Best effort: the job row says which phase it is in."""
-        job_id, owner = self.job_id, self.owner
+        job_id, owner = self.ctx.job_id, self.ctx.owner
 
         def put(s: Session) -> bool:
             return store.set_job_phase(s, job_id=job_id, owner=owner, phase=phase)
 
-        self.store.best_effort("phase", put)
+        self.ctx.store.best_effort("phase", put)

@@ -1,7 +1,9 @@
 """A job's inputs: its model (a zoo model is built here), cluster and options, and its
-candidate space, refused when over the candidate cap before anything is enumerated."""
+candidate space, refused when over the candidate cap before anything is enumerated
+(`load_checked`: all of them, checked)."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -88,3 +90,40 @@ def enumerate_space(
             f"{len(space.keys)} stage candidates, over the cap of {cap} (STAGEPROF_MAX_CANDIDATES)"
         )
     return space
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """A loaded job, checked: its model, cluster, options and candidate space (with the
+    layer profiles the estimate search needs: `planner.with_layer_profiles`)."""
+
+    model_id: str
+    spec: ModelSpec
+    cluster: ClusterSpec
+    options: PlanOptions
+    space: planner.CandidateSpace
+    # estimate search: whole-model stages estimated by scaling, and those measured directly
+    scaled: frozenset[tuple[int, int, int, int]] = frozenset()
+    direct: tuple[tuple[int, int, int, int], ...] = ()
+
+
+def load_checked(
+    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, build_zoo: ZooBuilder | None
+) -> JobInputs:
+    """The job's inputs, refused (`JobFailed`) when its batch disagrees with its spec, its
+    programs do not match the spec, or its space is over the candidate cap."""
+    from workers.measure import check_programs
+
+    model_id, spec, cluster, options = load_job(retry, keeper, job_id, build_zoo)
+    try:
+        options.check_micro_batch(spec.micro_batch_size)
+    except ValueError as err:
+        raise JobFailed(f"options.global_batch_size: {err}") from err
+    problems = keeper.call("program check", check_programs, spec)
+    if problems:
+        raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
+    space = enumerate_space(spec, cluster, options, keeper)
+    if options.search_mode != "estimate":
+        return JobInputs(model_id, spec, cluster, options, space)
+    space, scaled, direct = planner.with_layer_profiles(space, [x.fingerprint for x in spec.layers])
+    return JobInputs(model_id, spec, cluster, options, space, frozenset(scaled), tuple(direct))

@@ -5,37 +5,23 @@ from collections.abc import Mapping
 
 import planner
 import store
-from schemas import ClusterSpec, ModelSpec, PlanOptions, StageKey, StageProfileResult
-from workers.cluster import Layout
-from workers.jobs.heartbeat import LeaseKeeper
-from workers.jobs.job_stats import JobStats
-from workers.jobs.phase import MeasuringPhase
-from workers.jobs.retry import StoreRetry
-from workers.jobs.stage_ledger import StageLedger
-from workers.jobs.stage_order import by_group_shape, measure_order
+from schemas import StageProfileResult
+from workers.jobs.job_context import JobContext
+from workers.jobs.stage_order import measure_order
 
 logger = logging.getLogger(__name__)
 
 
 def measure_pruned(
-    retry: StoreRetry,
-    job_id: str,
-    spec: ModelSpec,
-    cluster: ClusterSpec,
-    options: PlanOptions,
-    space: planner.CandidateSpace,
-    layout: Layout,
-    phase: MeasuringPhase,
-    keys_by_fp: dict[str, list[StageKey]],
+    ctx: JobContext,
     known: Mapping[tuple[int, int, int, int], StageProfileResult],
     to_measure: list[str],
-    stats: JobStats,
-    keeper: LeaseKeeper,
-    ledger: StageLedger,
 ) -> None:
     """Measure the stages of `to_measure` (all of them with search: exhaustive, else those
     that could be in a better plan); remat variants after the as-written stages, and only
     where those lack room; the stages of `options.measure_stages` whatever the rest says."""
+    spec, cluster, options, space = ctx.spec, ctx.cluster, ctx.options, ctx.space
+    keys_by_fp = ctx.keys_by_fp
     asked = {k.as_tuple() for k in options.measure_stages}
     pruner = None
     if options.search_mode != "exhaustive":
@@ -49,12 +35,12 @@ def measure_pruned(
         to_measure.sort(key=lambda fp: measure_order(keys_by_fp[fp], space))
     # remat variants after the as-written stages, and only where those lack room
     variant = {fp for fp in to_measure if all(space.is_remat(k) for k in keys_by_fp[fp])}
-    plain = by_group_shape(
-        [fp for fp in to_measure if fp not in variant], keys_by_fp, space, layout
-    )
-    phase.run(plain, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
+    ctx.measure(ctx.by_group_shape([fp for fp in to_measure if fp not in variant]), pruner)
     if variant:
-        measured = retry.patient("results so far", lambda s: store.job_results(s, job_id=job_id))
+        job_id = ctx.job_id
+        measured = ctx.store.patient(
+            "results so far", lambda s: store.job_results(s, job_id=job_id)
+        )
 
         def worth(fp: str) -> bool:
             return any(
@@ -74,6 +60,5 @@ def measure_pruned(
             len(skipped),
         )
         if skipped:
-            phase.skip(skipped, stats)
-        wanted = by_group_shape(wanted, keys_by_fp, space, layout)
-        phase.run(wanted, keys_by_fp, space.submeshes, pruner, stats, keeper, ledger)
+            ctx.skip(skipped)
+        ctx.measure(ctx.by_group_shape(wanted), pruner)

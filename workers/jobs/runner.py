@@ -1,5 +1,7 @@
-"""The job runner: claim a job, enumerate its candidates, reuse what is stored, measure the
-rest on Ray, store each result the moment it exists, then plan.
+"""The job runner: claim a job, build its context (`JobContext`: inputs, candidates and
+their fingerprints, the measuring phase), then its phases (`workers.jobs.job_phases`): reuse
+what is stored, measure what the search asks for on Ray, storing each result the moment it
+exists, and plan; the plan is stored with the job's end.
 
 From claim to end a `LeaseKeeper` thread renews the job's lease; every phase checks it, so a
 cancel, a lost lease or SIGTERM stops the job within seconds. Store accesses wait out
@@ -7,15 +9,12 @@ database outages (`workers.jobs.retry`); stages are claimed across jobs
 (`workers.jobs.stage_ledger`).
 """
 
-import hashlib
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import planner
 import store
-from schemas import (
-    ClusterSpec,
-    JobStatus,
-    Plan,
-    ProfileStatus,
-    StageKey,
-    StageProfileResult,
-)
+from schemas import ClusterSpec, JobStatus, Plan, ProfileStatus, StageProfileResult
 from store.claims import release_claims
 from store.counters import add_counts
 from store.jobs import cancelled_expired_ids, reap_cancelled_expired, release_lease
@@ -43,19 +35,16 @@ from workers.cluster import (
     make_layout,
     virtual_devices_only,
 )
-from workers.jobs.estimate_loop import EstimateLoop
 from workers.jobs.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
-from workers.jobs.job_inputs import JobFailed, ZooBuilder, enumerate_space, load_job
+from workers.jobs.job_context import JobContext, fingerprint_candidates
+from workers.jobs.job_inputs import JobFailed, ZooBuilder, load_checked
+from workers.jobs.job_phases import plan_job, reuse_stored, search_stages
 from workers.jobs.job_stats import JobOutcome, JobStats, ProgressCallback
 from workers.jobs.phase import MeasuringPhase
-from workers.jobs.prune_loop import measure_pruned
 from workers.jobs.retry import StoreRetry, is_transient
 from workers.jobs.runner_metrics import RunnerCounters
 from workers.jobs.stage_ledger import StageLedger
-from workers.jobs.stage_order import by_group_shape
 
-# A job's measured candidates by key tuple (store.job_results).
-Results = Mapping[tuple[int, int, int, int], StageProfileResult]
 logger = logging.getLogger(__name__)
 
 # The default bound on a wait for devices another runner holds: longer than a shape of a
@@ -288,34 +277,29 @@ class JobRunner:
     def _profile_and_plan(
         self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
     ) -> Plan:
-        from workers.measure import check_programs, remat_spec, stage_fingerprint
+        ctx = self._context(job_id, stats, keeper, ledger)
+        reused = reuse_stored(ctx)
+        loop = search_stages(ctx, reused)
+        return plan_job(ctx, loop)
 
-        model_id, spec, cluster, options = load_job(self.store, keeper, job_id, self.build_zoo)
-        try:
-            options.check_micro_batch(spec.micro_batch_size)
-        except ValueError as err:
-            raise JobFailed(f"options.global_batch_size: {err}") from err
-        problems = keeper.call("program check", check_programs, spec)
-        if problems:
-            raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
-
-        space = enumerate_space(spec, cluster, options, keeper)
-        scaled: list[tuple[int, int, int, int]] = []
-        direct: list[tuple[int, int, int, int]] = []
-        if options.search_mode == "estimate":
-            fps = [x.fingerprint for x in spec.layers]
-            space, scaled, direct = planner.with_layer_profiles(space, fps)
+    def _context(
+        self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
+    ) -> JobContext:
+        """The job loaded and checked, its measuring phase (the pool starts when a stage
+        needs measuring) and its candidates fingerprinted."""
+        job = load_checked(self.store, keeper, job_id, self.build_zoo)
+        space = job.space
         pool_config = self._pool_config(space)
         layout = make_layout(pool_config)
 
         def start_pool() -> GroupPool:
             return GroupPool(
                 pool_config,
-                model_key=model_id,
-                spec=spec,
-                cluster=cluster,
-                options=options,
-                failure_result=_FailureFactory(space, cluster).make,
+                model_key=job.model_id,
+                spec=job.spec,
+                cluster=job.cluster,
+                options=job.options,
+                failure_result=FailureFactory(space, job.cluster).make,
                 retry=self.config.retry,
                 layout=layout,
                 check=keeper.check,
@@ -335,117 +319,28 @@ class JobRunner:
             # stages are measured small first, on the largest submesh first (measure_order)
             largest = max(space.submeshes, key=lambda m: m.num_devices)
             self._worker_info = phase.ensure_pool().info(largest)
-        device_kind = str(self._worker_info["device_kind"])
-        jax_version = str(self._worker_info["jax_version"])
-
-        def fingerprint_of(key: StageKey, split_backward: bool | None = None) -> str:
-            """The stage fingerprint of candidate `key` (with the backward split: True)."""
-            submesh, config = space.resolve(key)
-            return stage_fingerprint(
-                remat_spec(spec, config.remat),
-                key.start,
-                key.end,
-                submesh,
-                config,
-                device_kind,
-                jax_version,
-                options,
-                split_backward,
-            )
-
-        candidates = []
-        for i, key in enumerate(space.keys):
-            if i % 256 == 0:
-                keeper.check()
-            submesh, config = space.resolve(key)
-            fp = fingerprint_of(key)
-            if not self.config.reuse_stages:
-                fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
-            # the profile table's strategy column names the remat variant too: "data+full"
-            shown = config.strategy + ("" if config.remat == "as_written" else f"+{config.remat}")
-            candidates.append(store.CandidateIn(key, fp, submesh.num_devices, shown))
-        distinct = len({c.fingerprint for c in candidates})
-
-        keys_by_fp: dict[str, list[StageKey]] = {}
-        for c in candidates:
-            keys_by_fp.setdefault(c.fingerprint, []).append(c.key)
-
-        def split_twin(fp: str) -> str:
-            """The fingerprint of `fp`'s measurement with the backward split as well."""
-            return fingerprint_of(keys_by_fp[fp][0], True)
-
-        def reuse(s: Session) -> tuple[list[str], int, Results]:
-            store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates)
-            pending = store.pending_fingerprints(s, job_id=job_id)
-            stored = store.reusable_profiles(s, fingerprints=pending)
-            for row in stored.values():
-                store.record_result(s, job_id=job_id, profile=row, reused=True)
-            if self.config.reuse_stages and not options.measures_split_backward:
-                # a stored measurement with the split is a superset of the one needed
-                twins = {split_twin(fp): fp for fp in pending if fp not in stored}
-                for twin, row in store.reusable_profiles(s, fingerprints=twins).items():
-                    stored[twins[twin]] = row
-                    store.record_result(
-                        s, job_id=job_id, profile=row, reused=True, fingerprint=twins[twin]
-                    )
-            store.refresh_progress(s, job_id=job_id)
-            return (
-                [fp for fp in pending if fp not in stored],
-                len(stored),
-                store.job_results(s, job_id=job_id),
-            )
-
-        to_measure, n_reused, known = self.store.patient("reuse stored stages", reuse)
-        keeper.check()
-        logger.info(
-            "job %s: %d candidates, %d distinct, %d reused, %d to measure",
-            job_id,
-            len(candidates),
-            distinct,
-            n_reused,
-            len(to_measure),
+        candidates = fingerprint_candidates(
+            job.spec, space, job.options, self._worker_info, keeper, self.config.reuse_stages
         )
-        loop = None
-        if options.search_mode == "estimate":
-            loop = EstimateLoop(
-                self.store,
-                job_id,
-                self.config.owner,
-                spec,
-                cluster,
-                options,
-                space,
-                phase,
-                keys_by_fp,
-                lambda fps: by_group_shape(fps, keys_by_fp, space, layout),
-                frozenset(scaled),
-                direct,
-            )
-            loop.run(dict(known), to_measure, stats, keeper, ledger)
-        else:
-            measure_pruned(
-                self.store, job_id, spec, cluster, options, space, layout, phase,
-                keys_by_fp, known, to_measure, stats, keeper, ledger,
-            )  # fmt: skip
-
-        def to_planning(s: Session) -> Results | None:
-            if not store.set_job_status(
-                s, job_id=job_id, owner=self.config.owner, status=JobStatus.planning
-            ):
-                return None
-            return store.job_results(s, job_id=job_id)
-
-        results = self.store.patient("start planning", to_planning)
-        if results is None:
-            keeper.check()
-            raise JobCancelled("lost the job's lease before planning")
-        failures = Counter(r.status.value for r in results.values() if not r.ok)
-        if results and not any(r.ok for r in results.values()):
-            summary = ", ".join(f"{n} {status}" for status, n in failures.most_common())
-            raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")
-        if loop is not None:
-            return keeper.call("dp", loop.plan)
-        return keeper.call("dp", planner.build_plan, spec, cluster, options, space, results)
+        return JobContext(
+            job_id=job_id,
+            owner=self.config.owner,
+            model_id=job.model_id,
+            spec=job.spec,
+            cluster=job.cluster,
+            options=job.options,
+            space=space,
+            candidates=candidates,
+            store=self.store,
+            keeper=keeper,
+            ledger=ledger,
+            stats=stats,
+            phase=phase,
+            layout=layout,
+            reuse_stages=self.config.reuse_stages,
+            scaled=job.scaled,
+            direct=job.direct,
+        )
 
     def _pool_config(self, space: planner.CandidateSpace) -> PoolConfig:
         """Packed groups, one shape at a time, on a Ray cluster whose devices are real
@@ -463,7 +358,7 @@ class JobRunner:
         )
 
 
-class _FailureFactory:
+class FailureFactory:
     """Makes the result of a candidate that produced none (timeout, lost worker)."""
 
     def __init__(self, space: planner.CandidateSpace, cluster: ClusterSpec) -> None:

@@ -1,0 +1,148 @@
+"""One job's context: what every phase of a job reads, built once when the job is loaded and
+frozen from then on: one object through every phase instead of its parts one by one (as
+Ray Train v2's execution code carries its `TrainRunContext`,
+ray/train/v2/_internal/execution/context.py)."""
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import planner
+import store
+from schemas import ClusterSpec, ModelSpec, PlanOptions, StageKey
+from workers.cluster import Layout
+from workers.jobs.heartbeat import LeaseKeeper
+from workers.jobs.job_stats import JobStats
+from workers.jobs.phase import MeasuringPhase, ResultSink
+from workers.jobs.retry import StoreRetry
+from workers.jobs.stage_ledger import StageLedger
+from workers.jobs.stage_order import by_group_shape
+
+Key = tuple[int, int, int, int]
+# The stage fingerprint of a candidate key (with the backward split: True).
+FingerprintOf = Callable[[StageKey, bool | None], str]
+
+
+@dataclass(frozen=True)
+class JobCandidates:
+    """A job's candidates with their stage fingerprints (equal fingerprint: one
+    measurement, shared by every key that has it)."""
+
+    rows: tuple[store.CandidateIn, ...]
+    fingerprint_of: FingerprintOf
+    keys_by_fp: dict[str, list[StageKey]] = field(init=False)
+    fp_of: dict[Key, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        keys_by_fp: dict[str, list[StageKey]] = {}
+        for c in self.rows:
+            keys_by_fp.setdefault(c.fingerprint, []).append(c.key)
+        object.__setattr__(self, "keys_by_fp", keys_by_fp)
+        fp_of = {k.as_tuple(): fp for fp, keys in keys_by_fp.items() for k in keys}
+        object.__setattr__(self, "fp_of", fp_of)
+
+    @property
+    def distinct(self) -> int:
+        return len(self.keys_by_fp)
+
+    def split_twin(self, fp: str) -> str:
+        """The fingerprint of `fp`'s measurement with the backward split as well."""
+        return self.fingerprint_of(self.keys_by_fp[fp][0], True)
+
+
+def fingerprint_candidates(
+    spec: ModelSpec,
+    space: planner.CandidateSpace,
+    options: PlanOptions,
+    worker_info: dict[str, object],
+    keeper: LeaseKeeper,
+    reuse_stages: bool = True,
+) -> JobCandidates:
+    """Every candidate of `space` with its stage fingerprint on the workers' device kind and
+    jax version; `reuse_stages` False makes each key's fingerprint its own (a baseline that
+    measures every candidate, as Alpa does)."""
+    from workers.measure import remat_spec, stage_fingerprint
+
+    device_kind = str(worker_info["device_kind"])
+    jax_version = str(worker_info["jax_version"])
+
+    def fingerprint_of(key: StageKey, split_backward: bool | None = None) -> str:
+        submesh, config = space.resolve(key)
+        return stage_fingerprint(
+            remat_spec(spec, config.remat),
+            key.start,
+            key.end,
+            submesh,
+            config,
+            device_kind,
+            jax_version,
+            options,
+            split_backward,
+        )
+
+    rows = []
+    for i, key in enumerate(space.keys):
+        if i % 256 == 0:
+            keeper.check()
+        submesh, config = space.resolve(key)
+        fp = fingerprint_of(key)
+        if not reuse_stages:
+            fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
+        # the profile table's strategy column names the remat variant too: "data+full"
+        shown = config.strategy + ("" if config.remat == "as_written" else f"+{config.remat}")
+        rows.append(store.CandidateIn(key, fp, submesh.num_devices, shown))
+    return JobCandidates(tuple(rows), fingerprint_of)
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the phases of one job read: who runs it, what it plans, where results go."""
+
+    job_id: str
+    owner: str
+    model_id: str
+    spec: ModelSpec
+    cluster: ClusterSpec
+    options: PlanOptions
+    space: planner.CandidateSpace
+    candidates: JobCandidates
+    store: StoreRetry
+    keeper: LeaseKeeper
+    ledger: StageLedger
+    stats: JobStats
+    phase: MeasuringPhase
+    layout: Layout
+    # whether stored measurements of other jobs are reused (RunnerConfig.reuse_stages)
+    reuse_stages: bool = True
+    # estimate search: whole-model stages estimated by scaling, and those measured directly
+    # (planner.with_layer_profiles)
+    scaled: frozenset[Key] = frozenset()
+    direct: tuple[Key, ...] = ()
+
+    @property
+    def keys_by_fp(self) -> dict[str, list[StageKey]]:
+        return self.candidates.keys_by_fp
+
+    def by_group_shape(self, fingerprints: list[str]) -> list[str]:
+        """`fingerprints` grouped by the shape of group that measures them."""
+        return by_group_shape(fingerprints, self.keys_by_fp, self.space, self.layout)
+
+    def measure(
+        self, fingerprints: list[str], sink: ResultSink | None, keep_idle: bool = False
+    ) -> None:
+        """Measure the stages of `fingerprints` on the job's measuring phase, results fed to
+        `sink` (see `MeasuringPhase.run`)."""
+        self.phase.run(
+            fingerprints,
+            self.keys_by_fp,
+            self.space.submeshes,
+            sink,
+            self.stats,
+            self.keeper,
+            self.ledger,
+            keep_idle=keep_idle,
+        )
+
+    def skip(self, fingerprints: Sequence[str]) -> None:
+        """Mark the stages of `fingerprints` as not needed (pruned)."""
+        self.phase.skip(list(fingerprints), self.stats)
