@@ -5,6 +5,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -50,7 +51,10 @@ def manual_stage_option(stages: list[PlannedStage]) -> ManualStageOption:
 def config_key(config: ShardingConfig) -> tuple[tuple[int, int], str, str]:
     """What a config is, for the DP's tie order: logical mesh, strategy, options (as JSON)."""
     dp, tp = config.logical_mesh
-    return ((dp, tp), config.strategy, json.dumps(config.options, sort_keys=True, default=str))
+    what: Any = config.options
+    if config.mesh_axes is not None:  # mesh-axes configs of one (dp, tp) differ by their axes
+        what = {"options": config.options, "mesh_axes": config.mesh_axes, "rules": config.rules}
+    return ((dp, tp), config.strategy, json.dumps(what, sort_keys=True, default=str))
 
 
 def config_ranks(space: CandidateSpace) -> NDArray[np.int64]:

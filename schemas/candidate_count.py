@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from schemas.cluster import ClusterSpec, StrategyName
 from schemas.plan import PlanOptions
+from schemas.sharding import mesh_points
 
 SMALL_POWER_OF_TWO_MAX_HOSTS = 4
 
@@ -92,6 +93,28 @@ def config_count(
     return count
 
 
+def mesh_config_count(
+    hosts: int, devices_per_host: int, micro_batch_size: int, options: PlanOptions
+) -> int:
+    """Mesh-axes configs of one submesh (`planner.choices.mesh_configs`, counted)."""
+    count = 0
+    if options.mesh_axes:
+        for p in mesh_points(
+            hosts,
+            devices_per_host,
+            micro_batch_size,
+            options.mesh_axes,
+            options.tensor_across_hosts,
+        ):
+            tensor = p["tensor"]
+            if options.config_space == "data_parallel_only" and tensor != 1:
+                continue
+            if options.config_space == "single_node_model_parallel" and tensor > devices_per_host:
+                continue
+            count += 1
+    return count + sum(s.fits(hosts * devices_per_host) for s in options.shardings)
+
+
 def _keep(
     range_flops: float, total: float, n: int, cluster_n: int, tol: float
 ) -> tuple[bool, bool]:
@@ -157,8 +180,11 @@ def count_candidates(
         cluster.num_hosts, cluster.devices_per_host, options.submesh_space, options.manual_submeshes
     ):
         n = hosts * per_host
-        configs = remat_choices * config_count(
-            hosts, per_host, micro_batch_size, options.config_space, options.strategies
+        configs = remat_choices * (
+            config_count(
+                hosts, per_host, micro_batch_size, options.config_space, options.strategies
+            )
+            + mesh_config_count(hosts, per_host, micro_batch_size, options)
         )
         if n == cluster_n:
             ranges = 1

@@ -16,6 +16,7 @@ from schemas.cluster import (
 )
 from schemas.limits import MAX_MANUAL_SUBMESHES
 from schemas.model import ModelSpec
+from schemas.sharding import MeshAxisName, Rules, ShardingStrategy, check_rule_table
 from schemas.zoo_sizes import ZOO_SIZES
 
 SubmeshSpace = Literal["power_of_two", "small_power_of_two", "all", "manual"]
@@ -70,9 +71,33 @@ class PlanOptions(Frozen):
     )
     strategies: list[StrategyName] = Field(
         default_factory=lambda: list(ALL_STRATEGIES),
-        min_length=1,
-        description="Sharding strategies tried on each logical mesh, each once.",
+        description="Today's sharding strategies tried on each logical mesh (dp, tp), each "
+        "once; may be empty when mesh_axes or shardings give configs.",
         json_schema_extra={"uniqueItems": True},
+    )
+    mesh_axes: list[MeshAxisName] | None = Field(
+        None,
+        description="Mesh axes searched per submesh besides the strategies: every split of "
+        "the submesh's devices over these axes (at most two of them larger than 1; data x "
+        "fsdp x expert dividing the micro-batch; tensor within a host unless "
+        "tensor_across_hosts; data with fsdp only as data across hosts), each under "
+        "mesh_rules. Null: none.",
+        json_schema_extra={"uniqueItems": True},
+    )
+    mesh_rules: str | Rules = Field(
+        "maxtext",
+        description="The logical-axis rules of the mesh_axes configs: a preset name "
+        "('maxtext': MaxText's default logical_axis_rules; 'pure-fsdp') or a table "
+        "{logical name: [mesh axes]}.",
+    )
+    shardings: list[ShardingStrategy] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The user's own sharding configs (mesh axis sizes and rules), each tried "
+        "on every submesh whose device count its sizes resolve to.",
+    )
+    tensor_across_hosts: bool = Field(
+        False, description="Let the mesh_axes search split tensor across hosts."
     )
     optimizer: OptimizerName = Field("adam", description="Optimizer of the apply_grad module.")
     repeats: int = Field(
@@ -152,11 +177,24 @@ class PlanOptions(Frozen):
         "by the runner, which ignores any key that is not a candidate of the job.",
     )
 
-    @field_validator("strategies")
+    @field_validator("strategies", "mesh_axes")
     @classmethod
-    def _unique_strategies(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError(f"strategies must be unique, got {v}")
+    def _unique_strategies(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError(f"must be unique, got {v}")
+        return v
+
+    @field_validator("mesh_rules")
+    @classmethod
+    def _mesh_rules(cls, v: str | Rules) -> str | Rules:
+        return check_rule_table(v)
+
+    @field_validator("shardings")
+    @classmethod
+    def _unique_shardings(cls, v: list[ShardingStrategy]) -> list[ShardingStrategy]:
+        names = [s.name for s in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sharding names must be unique, got {names}")
         return v
 
     @model_validator(mode="after")
@@ -168,6 +206,8 @@ class PlanOptions(Frozen):
             )
         if self.submesh_space == "manual" and not self.manual_submeshes:
             raise ValueError("manual_submeshes is required when submesh_space is 'manual'")
+        if not self.strategies and not self.mesh_axes and not self.shardings:
+            raise ValueError("give at least one of strategies, mesh_axes, shardings")
         return self
 
     @model_validator(mode="before")
