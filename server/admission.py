@@ -21,6 +21,7 @@ from server.checks import (
     micro_batch_errors,
     program_errors,
     raise_if,
+    sharding_errors,
     storable_errors,
     submesh_errors,
     zoo_ref_errors,
@@ -72,6 +73,7 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     options_loc = (*BODY, "options")
     errors = storable_errors(body, BODY)
     errors += submesh_errors(body.options, body.cluster, options_loc)
+    errors += sharding_errors(body.options, body.cluster, options_loc)
     raise_if(errors)
     num_layers, micro_batch, flops, layers_loc, errors = _model_shape(body, session)
     raise_if(errors)
