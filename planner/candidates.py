@@ -106,7 +106,7 @@ def enumerate_candidates(
         [
             c.model_copy(update={"remat": r})
             for r in remats
-            for c in all_config_choices(s, spec.micro_batch_size, options)
+            for c in all_config_choices(s, spec.micro_batch_size, options, spec.mesh_facts)
         ]
         for s in submeshes
     ]

@@ -4,7 +4,7 @@ import logging
 from collections.abc import Sequence
 
 from schemas import PlanOptions, ShardingConfig, StrategyName, SubmeshShape
-from schemas.sharding import ShardingStrategy, fill_mesh_axes, mesh_points, resolve_rules
+from schemas.sharding import MeshFacts, ShardingStrategy, fill_mesh_axes, mesh_points, resolve_rules
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +149,15 @@ def _space_allows(tensor: int, per_host: int, space: str) -> bool:
 
 
 def mesh_configs(
-    submesh: tuple[int, int] | SubmeshShape, micro_batch_size: int, options: PlanOptions
+    submesh: tuple[int, int] | SubmeshShape,
+    micro_batch_size: int,
+    options: PlanOptions,
+    facts: MeshFacts = MeshFacts(),
 ) -> list[ShardingConfig]:
     """The mesh-axes configs of a submesh, after `config_choices`' strategies: every mesh
     point of `options.mesh_axes` (`schemas.sharding.mesh_points`) under `options.mesh_rules`,
-    then each of the user's `options.shardings` whose sizes resolve on the submesh."""
+    then each of the user's `options.shardings` whose sizes resolve on the submesh. `facts`:
+    the model's (context only with a sequence, expert only with experts)."""
     hosts, per_host = _as_tuple(submesh)
     configs = []
     if options.mesh_axes:
@@ -163,7 +167,12 @@ def mesh_configs(
             rules=resolve_rules(options.mesh_rules),
         )
         for sizes in mesh_points(
-            hosts, per_host, micro_batch_size, options.mesh_axes, options.tensor_across_hosts
+            hosts,
+            per_host,
+            micro_batch_size,
+            options.mesh_axes,
+            options.tensor_across_hosts,
+            facts,
         ):
             if _space_allows(sizes["tensor"], per_host, options.config_space):
                 configs.append(ShardingConfig.from_strategy(rules, sizes))
@@ -175,7 +184,10 @@ def mesh_configs(
 
 
 def all_config_choices(
-    submesh: tuple[int, int] | SubmeshShape, micro_batch_size: int, options: PlanOptions
+    submesh: tuple[int, int] | SubmeshShape,
+    micro_batch_size: int,
+    options: PlanOptions,
+    facts: MeshFacts = MeshFacts(),
 ) -> list[ShardingConfig]:
     """Every config of a submesh: today's strategies (`config_choices`), then the mesh-axes
     configs (`mesh_configs`); the list index is the `config_id`."""
@@ -184,4 +196,4 @@ def all_config_choices(
         if options.strategies
         else []
     )
-    return legacy + mesh_configs(submesh, micro_batch_size, options)
+    return legacy + mesh_configs(submesh, micro_batch_size, options, facts)

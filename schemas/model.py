@@ -17,6 +17,7 @@ from pydantic.config import JsonDict
 
 from schemas.base import TEXT_PATTERN, Frozen
 from schemas.cluster import DTYPE_BYTES, FLOAT_DTYPES, REMAT_CHOICES, REMAT_VARIANTS
+from schemas.sharding import MeshFacts
 
 MAX_LAYERS = 1024
 MAX_RANK = 8
@@ -342,6 +343,14 @@ class ModelSpec(Frozen):
             for layer in self.layers
         ]
         return self.model_copy(update={"layers": layers})
+
+    @property
+    def mesh_facts(self) -> MeshFacts:
+        """Whether it has a sequence dim and expert parameters (for the mesh-axes search)."""
+        return MeshFacts.of(
+            [(v.shape, v.dtype) for v in self.inputs],
+            (p.logical_axes for layer in self.layers for p in layer.params),
+        )
 
     @property
     def micro_batch_size(self) -> int:

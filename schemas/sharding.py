@@ -22,7 +22,8 @@ How a rule table lays out an array (`workers.measure.sharding` applies it):
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -216,6 +217,32 @@ def resolve_rules(v: str | Rules) -> Rules:
     return dict(RULE_PRESETS[v]) if isinstance(v, str) else dict(v)
 
 
+EXPERT_NAMES = frozenset({"exp", "experts"})
+INTEGER_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint64", "uint32", "uint16"})
+
+
+@dataclass(frozen=True)
+class MeshFacts:
+    """What of a model the mesh-axes search needs: whether it has a sequence dim (context
+    parallelism splits it) and parameters with an experts axis (expert parallelism splits
+    them). The defaults, both True, stand for a model not known yet (an upper bound)."""
+
+    sequence: bool = True
+    experts: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        inputs: Sequence[tuple[Sequence[int], str]],
+        param_axes: Iterable[Sequence[str | None] | None],
+    ) -> "MeshFacts":
+        """From the model's batch inputs `(shape, dtype)` (a sequence: integer rank-2 inputs,
+        token ids) and its parameters' logical axes."""
+        sequence = any(dtype in INTEGER_DTYPES and len(shape) == 2 for shape, dtype in inputs)
+        experts = any(axes and EXPERT_NAMES & set(axes) for axes in param_axes)
+        return cls(sequence=sequence, experts=bool(experts))
+
+
 # A mesh point of the searched space splits at most this many axes (bounded, as MaxText's
 # recipes: one or two of data / fsdp / tensor / context / expert).
 MAX_SPLIT_AXES = 2
@@ -231,6 +258,7 @@ def mesh_points(
     micro_batch_size: int,
     axes: Sequence[str],
     tensor_across_hosts: bool = False,
+    facts: MeshFacts = MeshFacts(),
 ) -> list[dict[str, int]]:
     """The mesh-axis sizes searched on a `hosts` x `devices_per_host` submesh, each a dict of
     every mesh axis (product = the devices), in a fixed order (fewest split axes first, then
@@ -239,7 +267,8 @@ def mesh_points(
     Only `axes` may be larger than 1, at most `MAX_SPLIT_AXES` of them; the batch axes
     (data x fsdp x expert) divide the micro-batch; `tensor` stays within a host (divides
     `devices_per_host`) unless `tensor_across_hosts`; data and fsdp split together only as
-    MaxText's hybrid: data across the hosts (`data == hosts`), fsdp within them.
+    MaxText's hybrid: data across the hosts (`data == hosts`), fsdp within them; context only
+    for a model with a sequence, expert only for one with experts (`facts`).
     """
     n = hosts * devices_per_host
     wanted = [a for a in MESH_AXES if a in axes]
@@ -264,6 +293,8 @@ def mesh_points(
         if not tensor_across_hosts and devices_per_host % p["tensor"]:
             continue
         if p["data"] > 1 and p["fsdp"] > 1 and (hosts == 1 or p["data"] != hosts):
+            continue
+        if (p["context"] > 1 and not facts.sequence) or (p["expert"] > 1 and not facts.experts):
             continue
         kept.append(p)
     kept.sort(key=lambda p: (sum(s > 1 for s in p.values()), [-p[a] for a in MESH_AXES]))

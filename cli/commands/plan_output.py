@@ -22,6 +22,7 @@ from schemas import ModelSpec, Plan
 from schemas import Progress as JobProgress
 from schemas.plan import percent, stage_layout
 from schemas.profile import MAX_SUCC_STAGES
+from schemas.sharding import axes_label
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -58,7 +59,8 @@ def _stage_rows(plan: Plan) -> list[dict[str, str]]:
                 "layers": f"{st.start}-{st.end}" + (f" ({names[0]}..{names[-1]})" if names else ""),
                 "submesh": f"{st.submesh.hosts}x{st.submesh.devices_per_host}",
                 "logical mesh": "x".join(map(str, st.config.logical_mesh)),
-                "strategy": st.config.strategy,
+                "strategy": st.config.strategy
+                + ("" if st.config.mesh_axes is None else f" {axes_label(st.config.mesh_axes)}"),
                 "remat": st.remat,
                 "cost ms": _ms(st.compute_cost),
                 "est ms": estimated_ms(st),

@@ -14,16 +14,12 @@ import math
 
 import pytest
 
-from planner.trainers import block_run, maxtext_parallelism, maxtext_remat
-from schemas import Plan, ShardingConfig
-from schemas.plan import MaxTextPlan
+from planner.trainers import block_run, maxtext_parallelism
+from schemas import ShardingConfig
 from schemas.trainer_export import (
     ExportUnavailable,
-    export_plan,
-    jaxpp_export,
     maxtext_export,
     maxtext_gap,
-    maxtext_yaml,
 )
 from tests.planner.helpers import cluster
 from tests.planner.trainer_helpers import gpt_plan, gpt_spec
@@ -102,7 +98,7 @@ def test_block_run_is_the_longest_equal_fingerprint_run() -> None:
 
 
 def test_parallelism_over_hosts_splits_the_outer_axes() -> None:
-    from schemas import ShardingConfig, SubmeshShape
+    from schemas import SubmeshShape
 
     sub = SubmeshShape(hosts=2, devices_per_host=4)
     ok = maxtext_parallelism(

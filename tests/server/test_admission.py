@@ -12,11 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
+from client.zoo import make as make_zoo
 from planner.candidates import enumerate_candidates
 from schemas import ClusterSpec, LayerSpec, ModelSpec, PlanOptions
 from schemas.candidate_count import count_candidates
 from schemas.limits import DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_ENV, max_candidates
-from schemas.sharding import ShardingStrategy
+from schemas.sharding import MeshFacts, ShardingStrategy
+from server.admission import ZOO_MESH_FACTS
 from server.zoo_limits import DEFAULTS, MAX_VALUES, PRESETS, WRESNET_BLOCKS, spec_shape
 from tests.server.factories import exported_chain_spec
 from tests.support.databases import RowCounts
@@ -265,10 +267,15 @@ def test_the_count_is_the_planners() -> None:
             layer_imbalance_tolerance=rng.choice([None, 0.1, 0.5, 1.0, 3.0]),
         )
         want = len(enumerate_candidates(spec, cluster, options).keys)
-        got = count_candidates(num_layers, cluster, options, spec.micro_batch_size, flops)
+        facts = spec.mesh_facts
+        got = count_candidates(
+            num_layers, cluster, options, spec.micro_batch_size, flops, facts=facts
+        )
         assert got.exact and got.total == want, (cluster, options, flops)
-        bound = count_candidates(num_layers, cluster, options, spec.micro_batch_size)
+        bound = count_candidates(num_layers, cluster, options, spec.micro_batch_size, facts=facts)
         assert bound.total >= want and bound.exact == (options.layer_imbalance_tolerance is None)
+        unknown = count_candidates(num_layers, cluster, options, spec.micro_batch_size, flops)
+        assert unknown.total >= want
 
 
 def test_counting_is_cheap_for_the_largest_request() -> None:
@@ -360,3 +367,12 @@ def test_good_sharding_rules_are_accepted(api: httpx.Client) -> None:
         "shardings": [{"name": "mine", "mesh_axes": {"fsdp": -1, "tensor": 2}}],
     }
     assert api.post("/v1/plans", json=GPT | {"options": options}).status_code == 202
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_MESH_FACTS))
+def test_the_zoo_mesh_facts_are_the_models(name: str) -> None:
+    """The door's table of zoo mesh facts equals what each zoo model's inputs and logical
+    axes say (`ModelSpec.mesh_facts` reads the same)."""
+    built = make_zoo(name)
+    inputs = [(tuple(v.shape), str(v.dtype)) for v in built.batch.values()]
+    assert ZOO_MESH_FACTS[name] == MeshFacts.of(inputs, built.logical_axes.values())
