@@ -213,9 +213,7 @@ def test_context_rule_splits_the_sequence_dim_of_activations() -> None:
 def test_a_rule_axis_is_used_once_per_array() -> None:
     sizes = fill_mesh_axes({"tensor": 2, "fsdp": 2}, 4)
     rules = {"a": ("tensor",), "b": ("tensor", "fsdp")}
-    assert param_specs([param("w", 8, 8, axes=("a", "b"))], sizes, rules) == [
-        P("tensor", "fsdp")
-    ]
+    assert param_specs([param("w", 8, 8, axes=("a", "b"))], sizes, rules) == [P("tensor", "fsdp")]
 
 
 def test_mesh_has_the_five_axes_in_order() -> None:
