@@ -148,6 +148,10 @@ def _space_allows(tensor: int, per_host: int, space: str) -> bool:
     return True
 
 
+def _one_device_has_data(num_devices: int, options: PlanOptions) -> bool:
+    return num_devices == 1 and "data" in options.strategies
+
+
 def mesh_configs(
     submesh: tuple[int, int] | SubmeshShape,
     micro_batch_size: int,
@@ -157,10 +161,11 @@ def mesh_configs(
     """The mesh-axes configs of a submesh, after `config_choices`' strategies: every mesh
     point of `options.mesh_axes` (`schemas.sharding.mesh_points`) under `options.mesh_rules`,
     then each of the user's `options.shardings` whose sizes resolve on the submesh. `facts`:
-    the model's (context only with a sequence, expert only with experts)."""
+    the model's (context only with a sequence, expert only with experts). On one device,
+    where nothing is split, the mesh point is left out when today's `data` is there."""
     hosts, per_host = _as_tuple(submesh)
     configs = []
-    if options.mesh_axes:
+    if options.mesh_axes and not _one_device_has_data(hosts * per_host, options):
         rules = ShardingStrategy(
             name=options.mesh_rules if isinstance(options.mesh_rules, str) else "rules",
             mesh_axes={},

@@ -102,7 +102,8 @@ def mesh_config_count(
 ) -> int:
     """Mesh-axes configs of one submesh (`planner.choices.mesh_configs`, counted)."""
     count = 0
-    if options.mesh_axes:
+    one_device_data = hosts * devices_per_host == 1 and "data" in options.strategies
+    if options.mesh_axes and not one_device_data:
         for p in mesh_points(
             hosts,
             devices_per_host,
