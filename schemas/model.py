@@ -101,12 +101,13 @@ class VarSpec(Frozen):
 
 
 class ParamSpec(VarSpec):
-    """A trainable parameter, optionally with logical axis names (for megatron sharding)."""
+    """A trainable parameter, optionally with logical axis names (for the sharding rules)."""
 
     logical_axes: tuple[str | None, ...] | None = Field(
         None,
-        description="One logical name per dim (e.g. ('embed', 'mlp')) or null; "
-        "'mlp', 'heads', 'vocab', 'experts' split on the model axis.",
+        description="One logical name per dim (e.g. ('embed', 'mlp')) or null; a sharding "
+        "config's rules split each named dim over mesh axes (MaxText's: embed on fsdp, "
+        "mlp/heads/vocab on tensor, experts on expert); null: a structural fallback.",
         json_schema_extra={
             "anyOf": [
                 {
