@@ -451,8 +451,10 @@ def percent(fraction: float) -> str:
 
 
 class RunnerUpPlan(Frozen):
-    """The next plan of the chosen schedule's search in simulated time (never faster than
-    the plan: the search's best proposals are re-ranked by the simulator)."""
+    """The best plan other than the chosen one in simulated time, under any schedule
+    searched, the baselines (1F1B plans) included where 1F1B is searched. Another plan:
+    other stages, or the same stages under another schedule (one that runs them as fast
+    only when there is no other)."""
 
     dp_cost_s: float = Field(ge=0, description="Its search's objective (1F1B: Σt + (B-1)·max t).")
     gap: float | None = Field(
@@ -465,9 +467,21 @@ class RunnerUpPlan(Frozen):
         0.0, ge=0, description="Relative measured spread of its objective (as Plan.cost_spread)."
     )
     predicted_iteration_time_s: float = Field(
-        ge=0, description="Simulated iteration time under the plan's schedule, seconds."
+        ge=0, description="Simulated iteration time under its schedule, seconds."
     )
     stages: list[PlannedStage] = Field(min_length=1)
+    schedule_name: ScheduleName | None = Field(
+        None, description="Its schedule; null (stored before): the plan's."
+    )
+    virtual_stages: int = Field(1, ge=1, description="Model chunks per device group.")
+    baseline: str | None = Field(
+        None, description="The baseline it is (e.g. 'data_parallel'), when it is one."
+    )
+
+    @property
+    def partly_estimated(self) -> bool:
+        """Whether some of its stages are estimates only (never measured)."""
+        return any(not st.measured for st in self.stages)
 
 
 class MaxTextPlan(Frozen):
@@ -537,7 +551,8 @@ class Plan(Frozen):
         None,
         description="'stable': the runner-up's gap is larger than the measured spread (the "
         "larger of the two plans' cost_spread); 'within_noise': it is not, so measurement "
-        "noise could swap them; 'unique': no other plan is feasible; null: not assessed "
+        "noise could swap them; 'unique': no other plan is feasible under any schedule "
+        "searched, nor a baseline; null: not assessed "
         "(plans stored before stageprof assessed it).",
     )
     runner_up_wall_seconds: float = Field(
@@ -592,6 +607,17 @@ class Plan(Frozen):
         ours = {key(s) for s in self.stages}
         return [key(s) not in ours for s in self.runner_up.stages]
 
+    def runner_up_label(self) -> str:
+        """The runner-up's schedule, and the baseline it is: e.g. "gpipe", "interleaved,
+        v=2", "1f1b, data_parallel" ("" without a runner-up; one stored before runner-ups
+        had a schedule ran the plan's)."""
+        runner = self.runner_up
+        if runner is None:
+            return ""
+        name = runner.schedule_name or self.schedule_name
+        label = f"{name}, v={runner.virtual_stages}" if name == "interleaved" else name
+        return f"{label}, {runner.baseline}" if runner.baseline else label
+
     def stability_summary(self) -> str | None:
         """e.g. "stable: runner-up 7.3% slower, measured spread 2.1%"; None if not assessed."""
         if self.stability is None:
@@ -607,4 +633,5 @@ class Plan(Frozen):
             slower = "as fast (a tie)"
         else:
             slower = f"{percent(runner.gap)} slower"
-        return f"{label}: runner-up {slower}, measured spread {percent(self.noise_spread)}"
+        text = f"{label}: runner-up {slower}, measured spread {percent(self.noise_spread)}"
+        return text + ("; runner-up partly estimated" if runner.partly_estimated else "")

@@ -170,9 +170,10 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     runner = plan.runner_up
     if runner is not None:
         ratio = runner.predicted_iteration_time_s / ours if ours > 0 else float("nan")
-        gap = "" if runner.gap is None else f"+{percent(runner.gap)}, same schedule"
+        gap = "" if runner.gap is None else f"+{percent(runner.gap)}"
         note = "; ".join(x for x in (gap, estimated_note(runner.stages)) if x)
-        compare.add_row("runner-up", _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", note)
+        name = f"runner-up ({runner_label(plan)})"
+        compare.add_row(name, _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", note)
     for base in plan.baselines:
         if base.iteration_time_s is None:
             compare.add_row(base.name, "-", "-", base.reason or "infeasible")
@@ -250,7 +251,12 @@ def print_stability(console: Console, plan: Plan) -> None:
         layout = stage_layout(plan.runner_up.stages)
         note = estimated_note(plan.runner_up.stages)
         layout += f" ({note})" if note else ""
-        console.print(f"  runner-up: {layout}", style="dim", markup=False, highlight=False)
+        console.print(
+            f"  runner-up ({plan.runner_up_label()}): {layout}",
+            style="dim",
+            markup=False,
+            highlight=False,
+        )
 
 
 def print_json_line(obj: dict[str, Any]) -> None:
