@@ -1,8 +1,8 @@
 """How sure the planner is of its plan: the runner-up's gap against the measured spread.
 
 The runner-up is the best plan other than the chosen one under any schedule searched, the
-baselines (1F1B plans) included where 1F1B is searched (`runner_up_among`): another plan has other stages, or the same stages
-under another schedule (or another number of chunks)."""
+baselines (1F1B plans) included where 1F1B is searched (`runner_up_among`): another plan has
+other stages, or the same stages under another schedule (or another number of chunks)."""
 
 import math
 from collections.abc import Sequence
@@ -48,11 +48,12 @@ def runner_up_among(
     micro: int,
 ) -> OtherPlan | None:
     """The fastest plan other than `chosen` in simulated time: every schedule's ranked
-    proposals and, where 1F1B is searched, every feasible baseline (ties: the chosen schedule's own first, then the
-    order the schedules were searched in, a search's plan before a baseline, the lower
-    objective). The chosen stages under another schedule at the same simulated time (GPipe
-    and 1F1B often tie) only run the same ops in another order: such a plan is the runner-up
-    only when no other exists. None when no other plan exists at all."""
+    proposals and, where 1F1B is searched, every feasible baseline (ties: the chosen
+    schedule's own first, then the order the schedules were searched in, a search's plan
+    before a baseline, the lower objective). The chosen stages under another schedule at
+    the same simulated time (GPipe and 1F1B often tie) only run the same ops in another
+    order: such a plan is the runner-up only when no other exists. None when no other plan
+    exists at all."""
     order = [s.name for s in searches]
     plans = [OtherPlan(s.name, p) for s in searches for p in s.ranked]
     if "1f1b" in order:  # the baselines are 1F1B plans: other plans where 1F1B is searched

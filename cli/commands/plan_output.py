@@ -172,7 +172,7 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
         ratio = runner.predicted_iteration_time_s / ours if ours > 0 else float("nan")
         gap = "" if runner.gap is None else f"+{percent(runner.gap)}"
         note = "; ".join(x for x in (gap, estimated_note(runner.stages)) if x)
-        name = f"runner-up ({runner_label(plan)})"
+        name = f"runner-up ({plan.runner_up_label()})"
         compare.add_row(name, _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", note)
     for base in plan.baselines:
         if base.iteration_time_s is None:

@@ -118,7 +118,9 @@ def test_a_candidate_todays_job_only_estimated_is_not_a_measurement(
     from_store = remeasure(StoreProfiles(committing), job.job_id, stages, device_memory_bytes=GIB)
     assert [describe(r) for r in from_store] == expected
     with StageprofClient(live.url) as api:
-        assert remeasure(ApiProfiles(api), job.job_id, stages, device_memory_bytes=GIB) == from_store
+        assert (
+            remeasure(ApiProfiles(api), job.job_id, stages, device_memory_bytes=GIB) == from_store
+        )
 
 
 class OneRow:

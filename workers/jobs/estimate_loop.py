@@ -150,7 +150,12 @@ class EstimateLoop:
         return any(planner.is_profiled(k.as_tuple(), classes) for k in self.keys_by_fp[fp])
 
     def _all_remat(self, fp: str) -> bool:
-        return all(self.space.is_remat(k) for k in self.keys_by_fp[fp])
+        """Whether every candidate of `fp` is a remat variant of an as-written candidate
+        (a variant asked for alone, `--remat full`, is the stage itself)."""
+        return all(
+            planner.as_written_sibling(self.space, k.as_tuple()) is not None
+            for k in self.keys_by_fp[fp]
+        )
 
     def _memory_could_bind(self) -> bool:
         """Whether some as-written stage, measured or estimated, lacks the room a schedule
