@@ -14,7 +14,14 @@ import store
 from planner import EstimateSearch, NoFeasiblePlan, build_plan, enumerate_candidates
 from planner.schedule import simulate
 from planner.table import build_cost_table
-from schemas import ClusterSpec, Plan, PlannedStage, PlanOptions, StageProfileResult
+from schemas import (
+    ClusterSpec,
+    Plan,
+    PlannedStage,
+    PlanOptions,
+    ProfileStatus,
+    StageProfileResult,
+)
 from tests.planner.helpers import programless_chain_spec
 from tests.support.profiles import fake_profile
 
@@ -170,3 +177,23 @@ def test_plans_from_a_store_of_bigger_devices_fit_the_asking_job(
         return
     check_plan(estimated, device)
     assert math.isfinite(estimated.predicted_iteration_time_s)
+
+
+def test_a_stored_result_seen_on_another_device_keeps_what_was_measured() -> None:
+    measured = fake_profile(
+        "fp",
+        peak=3 * MIB,
+        available_memory=BIG,
+        initial_var_size=MIB,
+        intermediate_size=MIB // 2,
+        max_n_succ_stages=alpa_rule(BIG, 3 * MIB, MIB, MIB // 2),
+    )
+    assert measured.max_n_succ_stages > 100_000
+    seen = measured.for_device_memory(8 * MIB)
+    assert (seen.available_memory, seen.max_n_succ_stages) == (8 * MIB, 7)  # 4 MiB / 0.5 - 1
+    assert seen.for_device_memory(BIG) == measured
+    kept = ("module_profile_results", "initial_var_size", "intermediate_size", "fingerprint")
+    assert all(getattr(seen, name) == getattr(measured, name) for name in kept)
+    assert measured.for_device_memory(4 * MIB - 1).max_n_succ_stages == -1
+    failed = fake_profile("oom", ProfileStatus.oom, available_memory=BIG)
+    assert failed.for_device_memory(8 * MIB).max_n_succ_stages == -1
