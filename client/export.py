@@ -11,10 +11,12 @@ in order, and input cotangents go to the floating inputs that are not batch inpu
 """
 
 import base64
+import contextlib
+import contextvars
 import functools
 import hashlib
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
 
+from client.batch_affine import inlined
 from client.flops import eqn_flops
 from programs import strip_locations
 from schemas import DTYPE_BYTES, FLOAT_DTYPES, ParamSpec, VarSpec
@@ -109,8 +112,44 @@ class _VJPLayout:
     residuals: list[jax.ShapeDtypeStruct] | None = None
 
 
-def _struct(v: VarSpec) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(tuple(v.shape), np.dtype(v.dtype))
+# A shape whose dims may be symbolic (`jax.export.symbolic_shape`), by var name.
+Shapes = Mapping[str, tuple[Any, ...]]
+
+
+def _struct(v: VarSpec, shapes: Shapes | None = None) -> jax.ShapeDtypeStruct:
+    shape = tuple(v.shape) if shapes is None or v.name not in shapes else shapes[v.name]
+    return jax.ShapeDtypeStruct(shape, np.dtype(v.dtype))
+
+
+@dataclass(frozen=True)
+class ExportCall:
+    """One `export_layer` call as a tracer made it: the layer's jaxpr slice, its vars and
+    what it gave (see `recording_exports`)."""
+
+    closed: core.ClosedJaxpr
+    params: list[ParamSpec]
+    inputs: list[VarSpec]
+    outputs: list[VarSpec]
+    no_grad: frozenset[str]
+    remat: str
+    programs: LayerPrograms
+
+
+_RECORDING: contextvars.ContextVar[list[ExportCall] | None] = contextvars.ContextVar(
+    "stageprof_export_recording", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_exports() -> Iterator[list[ExportCall]]:
+    """Record every `export_layer` call made inside the block, in order (a second trace at
+    another batch size pairs its calls with the first's: `client.symbolic_batch`)."""
+    calls: list[ExportCall] = []
+    token = _RECORDING.set(calls)
+    try:
+        yield calls
+    finally:
+        _RECORDING.reset(token)
 
 
 def _b64(exported: jax.export.Exported) -> str:
@@ -126,6 +165,7 @@ def export_layer_pair(
     no_grad: Collection[str] = (),
     platforms: Sequence[str] = PLATFORMS,
     remat: str = "as_written",
+    shapes: Shapes | None = None,
 ) -> LayerPrograms:
     """Export `fn(*params, *inputs) -> tuple(outputs)` as forward-with-residuals + backward.
 
@@ -135,21 +175,29 @@ def export_layer_pair(
     `no_grad`: input names whose cotangents nobody needs (the model's batch inputs);
     integer inputs are never differentiated either. Residuals and saved vars the backward
     never reads (e.g. what a custom JVP rule linearizes but its transpose drops) are left
-    out of both programs, so the stash is what a compiled training step keeps."""
+    out of both programs, so the stash is what a compiled training step keeps.
+
+    `shapes`: symbolic shapes of inputs and outputs by name (a batch dimension from
+    `jax.export.symbolic_shape`); the programs are then shape-polymorphic, and the residuals
+    and backward FLOPs, which depend on the size, are left empty (the caller knows them at a
+    concrete size)."""
     if remat != "as_written":
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat: unknown variant {remat!r}; use one of {list(REMAT_POLICIES)}")
         fn = jax.checkpoint(fn, policy=REMAT_POLICIES[remat])
-    pair = _LayerPair(fn, params, inputs, outputs, no_grad, platforms)
+    pair = _LayerPair(fn, params, inputs, outputs, no_grad, platforms, shapes)
     fwd, bwd = pair.export(None, None)
     kept = set(bwd.module_kept_var_idx)
     n_p, saved, res = len(params), pair.saved_refs, list(range(len(pair.residual_structs)))
+    pair.recompute = pair.input_free_residuals()
     keep_saved = [ref for k, ref in enumerate(saved) if n_p + k in kept]
-    keep_res = [r for r in res if n_p + len(saved) + r in kept]
+    keep_res = [r for r in res if n_p + len(saved) + r in kept and r not in pair.recompute]
     if len(keep_saved) < len(saved) or len(keep_res) < len(res):
         fwd, bwd = pair.export(keep_saved, keep_res)
     else:
         keep_saved, keep_res = saved, res
+    if shapes is not None:
+        return LayerPrograms(_b64(fwd), _b64(bwd), [], list(keep_saved), pair.diff_in)
     residual_specs = []
     for k, r in enumerate(keep_res):
         aval = pair.residual_structs[r]
@@ -178,8 +226,12 @@ class _LayerPair:
         outputs: Sequence[VarSpec],
         no_grad: Collection[str],
         platforms: Sequence[str],
+        shapes: Shapes | None = None,
     ) -> None:
-        self.fn, self.platforms = fn, platforms
+        self.fn, self.platforms, self.shapes = fn, platforms, shapes
+        # Residuals computed from constants and the batch size as a value (the count a mean
+        # divides by): the backward recomputes them, as it reads a literal at a fixed size.
+        self.recompute: dict[int, Callable[[], jax.Array]] = {}
         self.params, self.inputs, self.outputs = list(params), list(inputs), list(outputs)
         self.diff_in = [
             j for j, v in enumerate(inputs) if v.dtype in FLOAT_DTYPES and v.name not in no_grad
@@ -257,23 +309,48 @@ class _LayerPair:
         for kind, i in self.layout.leaves:
             if kind == "param":
                 leaves.append(ps[i])
+            elif kind == "residual" and i in self.recompute:
+                leaves.append(self.recompute[i]())
             elif kind == "residual":  # a residual backward never reads: a stand-in
                 r = self.residual_structs[i]
                 leaves.append(res[i] if i in res else jnp.zeros(r.shape, r.dtype))
             else:
-                var = self._var((kind, i))
+                var = self._struct(self._var((kind, i)))
                 leaves.append(saved.get((kind, i), jnp.zeros(var.shape, var.dtype)))
         grads_p, grads_d = jax.tree_util.tree_unflatten(self.layout.tree, leaves)(tuple(cts))
         return (*grads_p, *grads_d)
+
+    def _struct(self, v: VarSpec) -> jax.ShapeDtypeStruct:
+        return _struct(v, self.shapes)
+
+    def input_free_residuals(self) -> dict[int, Callable[[], jax.Array]]:
+        """Residuals the forward computes from no argument but the batch size as a value,
+        each as a function that computes it again."""
+        in_structs = [self._struct(v) for v in [*self.params, *self.inputs]]
+        closed = jax.make_jaxpr(functools.partial(self._forward, None))(*in_structs)
+        jaxpr, n_out = closed.jaxpr, len(self.outputs)
+        depends = set(jaxpr.invars)
+        for eqn in jaxpr.eqns:
+            if any(isinstance(v, core.Var) and v in depends for v in eqn.invars):
+                depends.update(eqn.outvars)
+        free = [e for e in jaxpr.eqns if not any(v in depends for v in e.outvars)]
+        found: dict[int, Callable[[], jax.Array]] = {}
+        for r, var in enumerate(jaxpr.outvars[n_out:]):
+            if isinstance(var, core.Var) and var not in depends:
+                eqns = live_eqns_of(free, [var])
+                if eqns:
+                    piece = slice_jaxpr(eqns, jaxpr.constvars, closed.consts, [], [var])
+                    found[r] = functools.partial(_first_result, core.jaxpr_as_fun(piece))
+        return found
 
     def _backward_structs(
         self, saved: Sequence[tuple[str, int]], res: Sequence[int]
     ) -> list[jax.ShapeDtypeStruct]:
         return [
-            *(_struct(v) for v in self.params),
-            *(_struct(self._var(ref)) for ref in saved),
+            *(self._struct(v) for v in self.params),
+            *(self._struct(self._var(ref)) for ref in saved),
             *(self.residual_structs[r] for r in res),
-            *(_struct(self.outputs[k]) for k in self.float_out),
+            *(self._struct(self.outputs[k]) for k in self.float_out),
         ]
 
     def backward_flops(self, saved: Sequence[tuple[str, int]], res: Sequence[int]) -> float:
@@ -289,7 +366,7 @@ class _LayerPair:
     ) -> tuple[jax.export.Exported, jax.export.Exported]:
         """Export forward and backward, keeping the given saved vars and residuals (all of
         them when None)."""
-        in_structs = [_struct(v) for v in [*self.params, *self.inputs]]
+        in_structs = [self._struct(v) for v in [*self.params, *self.inputs]]
         fwd = jax.export.export(
             jax.jit(functools.partial(self._forward, keep_res)), platforms=self.platforms
         )(*in_structs)
@@ -299,6 +376,27 @@ class _LayerPair:
             jax.jit(functools.partial(self._backward, saved, res)), platforms=self.platforms
         )(*self._backward_structs(saved, res))
         return fwd, bwd
+
+
+def live_eqns_of(eqns: Sequence[core.JaxprEqn], outvars: Sequence[Any]) -> list[core.JaxprEqn]:
+    """The equations of `eqns` that `outvars` need, in order."""
+    needed = {v for v in outvars if isinstance(v, core.Var)}
+    kept = []
+    for eqn in reversed(eqns):
+        if any(v in needed for v in eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, core.Var))
+    return kept[::-1]
+
+
+def _reads_batch_size(eqn: core.JaxprEqn) -> bool:
+    """Whether an equation reads the batch size as a value (a mean's divisor), where a trace
+    at a concrete size has a literal."""
+    return eqn.primitive.name == "dim_as_value"
+
+
+def _first_result(fn: Callable[[], Sequence[jax.Array]]) -> jax.Array:
+    return fn()[0]
 
 
 def export_layer(
@@ -311,10 +409,17 @@ def export_layer(
 ) -> LayerPrograms:
     """Export a layer's jaxpr slice (invars = params then inputs) as its program pair, under
     remat variant `remat`."""
-    fn = core.jaxpr_as_fun(closed)
-    return export_layer_pair(
+    fn = inlined(closed)
+    pair = export_layer_pair(
         lambda *args: tuple(fn(*args)), params, inputs, outputs, no_grad, remat=remat
     )
+    calls = _RECORDING.get()
+    if calls is not None:
+        call = ExportCall(
+            closed, list(params), list(inputs), list(outputs), frozenset(no_grad), remat, pair
+        )
+        calls.append(call)
+    return pair
 
 
 def live_flops(jaxpr: core.Jaxpr) -> float:

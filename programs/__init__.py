@@ -2,6 +2,7 @@
 them against the spec that declares them, and compute the fingerprints measurements are
 keyed by. The SDK, the server and the workers all use these functions."""
 
+from programs.batch import spec_at_batch
 from programs.check import ProgramProblem, check_programs, platform_problems
 from programs.fingerprint import (
     FINGERPRINT_VERSION,
@@ -24,6 +25,7 @@ __all__ = [
     "load_layer",
     "load_program",
     "platform_problems",
+    "spec_at_batch",
     "strip_locations",
     "verified",
     "with_fingerprints",

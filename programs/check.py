@@ -123,11 +123,19 @@ def _signature(exp: jax.export.Exported, args: Declared, results: Declared) -> l
         for j, (aval, (field, var)) in enumerate(zip(avals, declared, strict=True)):
             shape = tuple(aval.shape)
             dtype = np.dtype(aval.dtype).name
-            if shape != var.shape:
+            if not _shape_fits(shape, var.shape):
                 errors.append(f"{what} {j} has shape {shape} but {field} declares {var.shape}")
             elif dtype != var.dtype:
                 errors.append(f"{what} {j} has dtype {dtype} but {field} declares {var.dtype}")
     return errors
+
+
+def _shape_fits(shape: tuple, declared: tuple[int, ...]) -> bool:
+    """The program's shape admits the declared one: equal dims, a symbolic (batch) dim
+    admitting any size (the spec states it at its traced size)."""
+    if len(shape) != len(declared):
+        return False
+    return all(not isinstance(d, int) or d == v for d, v in zip(shape, declared, strict=True))
 
 
 def _indexed(name: str, vs: Sequence[VarSpec]) -> Declared:

@@ -70,7 +70,9 @@ def _facts(exported: jax.export.Exported) -> dict[str, Any]:
 
 
 def _aval(aval: Any) -> list[Any]:
-    return [list(aval.shape), np.dtype(aval.dtype).name]
+    """Shape (a symbolic batch dim as its expression, e.g. "2*b") and dtype name."""
+    dims = [d if isinstance(d, int) else str(d) for d in aval.shape]
+    return [dims, np.dtype(aval.dtype).name]
 
 
 def _vars(vs: list[VarSpec]) -> list[list[Any]]:

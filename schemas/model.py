@@ -296,6 +296,34 @@ class LayerSpec(Frozen):
         return own + sum(v.program_chars for v in self.remat_variants.values())
 
 
+class LayerBatchFlops(Frozen):
+    """A layer's FLOPs per micro-batch at `SymbolicBatch.probe_size`."""
+
+    forward: float = Field(0.0, ge=0, description="Forward FLOPs.")
+    backward: float = Field(0.0, ge=0, description="Backward FLOPs as written.")
+    variants: dict[str, float] = Field(
+        default_factory=dict, description="Backward FLOPs under each remat variant, by name."
+    )
+
+
+class SymbolicBatch(Frozen):
+    """The spec's programs take a symbolic batch dimension (`jax.export` shape polymorphism):
+    one spec serves every micro-batch size. Its shapes, residuals and FLOPs are stated at the
+    traced size (`ModelSpec.micro_batch_size`); FLOPs at another size are affine in it,
+    through the figures measured by tracing at `probe_size`."""
+
+    symbol: str = Field(
+        "b",
+        max_length=16,
+        json_schema_extra={"pattern": NAME_PATTERN},
+        description="The dim's name.",
+    )
+    probe_size: int = Field(ge=1, le=MAX_DIM, description="The second traced micro-batch size.")
+    probe_flops: list[LayerBatchFlops] = Field(
+        max_length=MAX_LAYERS, description="Each layer's FLOPs at probe_size, in layer order."
+    )
+
+
 class ModelSpec(Frozen):
     """A model as L layers of `jax.export` programs, traced at the micro-batch size."""
 
@@ -316,11 +344,24 @@ class ModelSpec(Frozen):
         json_schema_extra={"pattern": TEXT_PATTERN},
         description="jax version that exported it.",
     )
+    symbolic_batch: SymbolicBatch | None = Field(
+        None,
+        description="Set when the layer programs take a symbolic batch dimension (dim 0 of "
+        "the batch inputs): the spec serves every micro-batch size; null: only the traced one.",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> "ModelSpec":
         _check_unique([v.name for v in self.inputs], "model input")
         _check_unique([layer.name for layer in self.layers], "layer")
+        poly = self.symbolic_batch
+        if poly is not None and len(poly.probe_flops) != len(self.layers):
+            raise ValueError(
+                f"symbolic_batch.probe_flops has {len(poly.probe_flops)} entries for "
+                f"{len(self.layers)} layers"
+            )
+        if poly is not None and poly.probe_size == self.micro_batch_size:
+            raise ValueError("symbolic_batch.probe_size must differ from the traced size")
         if self.loss not in {v.name for v in self.layers[-1].outputs}:
             raise ValueError(f"loss {self.loss!r} is not an output of the last layer")
         return self
