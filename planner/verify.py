@@ -63,6 +63,9 @@ class EstimateSearch:
     estimated_at_choice: dict[Key, float] = field(default_factory=dict)
     rounds: int = 0
     stopped: str = ""
+    # the simulated time of the last round's best plan on the optimistic table (a plan of
+    # measured stages when the search stopped on one); None: no round found a plan
+    best_time: float | None = None
 
     def __post_init__(self) -> None:
         classes: dict[str, int] = {}
@@ -168,6 +171,7 @@ class EstimateSearch:
             self.stopped = "no plan is feasible on the estimates"
             return []
         best = ranked[0]
+        self.best_time = best.time
         wanted = self._unmeasured(best.keys)
         if not wanted:
             self.stopped = "the best plan is measured"

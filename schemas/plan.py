@@ -32,6 +32,8 @@ ZERO_BUBBLE_SCHEDULES: frozenset[str] = frozenset({"zb-h1"})
 MAX_VIRTUAL_STAGES = 16
 MAX_MICROBATCHES = 4096
 MAX_MEASURE_STAGES = 256  # PlanOptions.measure_stages
+MAX_AUTO_MICROBATCHES = 64  # microbatch_search "auto": counts up to this
+MAX_MICROBATCH_CHOICES = 32  # microbatch_search: most counts listed
 ALL_STRATEGIES: tuple[StrategyName, ...] = ("data", "megatron", "fsdp")
 
 
@@ -54,8 +56,20 @@ class PlanOptions(Frozen):
     global_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Global batch; must equal micro-batch size × num_microbatches. "
-        "Default: the spec's micro-batch size × num_microbatches.",
+        description="Global batch; must equal micro-batch size × num_microbatches (unless "
+        "microbatch_search is set). Default: the spec's micro-batch size × num_microbatches.",
+    )
+    microbatch_search: (
+        Literal["auto"] | list[Annotated[int, Field(ge=1, le=MAX_MICROBATCHES)]] | None
+    ) = Field(
+        None,
+        description="Search the number of micro-batches at the fixed global batch (above): "
+        f"'auto' plans every divisor of it from 1 to {MAX_AUTO_MICROBATCHES}, a list plans "
+        "those counts (each must divide it); each count B runs micro-batches of global "
+        "batch / B, measured from the model's layers at that size (a spec with a symbolic "
+        "batch dimension, or a zoo model). The fastest plan in simulated time answers; "
+        "null: num_microbatches is fixed.",
+        json_schema_extra={"uniqueItems": True},
     )
     submesh_space: SubmeshSpace = Field("power_of_two", description="Submesh choices (Alpa).")
     manual_submeshes: list[ManualSubmesh] | None = Field(
@@ -197,9 +211,28 @@ class PlanOptions(Frozen):
             raise ValueError(f"sharding names must be unique, got {names}")
         return v
 
+    @field_validator("microbatch_search")
+    @classmethod
+    def _microbatch_choices(cls, v: object) -> object:
+        if isinstance(v, list):
+            if not v or len(v) > MAX_MICROBATCH_CHOICES:
+                raise ValueError(f"list 1 to {MAX_MICROBATCH_CHOICES} counts, got {len(v)}")
+            if len(set(v)) != len(v):
+                raise ValueError(f"counts must be unique, got {v}")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> "PlanOptions":
-        if self.global_batch_size is not None and self.global_batch_size % self.num_microbatches:
+        search = self.microbatch_search
+        if isinstance(search, list) and self.global_batch_size is not None:
+            bad = [b for b in search if self.global_batch_size % b]
+            if bad:
+                raise ValueError(
+                    f"microbatch_search: {bad} do not divide global_batch_size "
+                    f"({self.global_batch_size})"
+                )
+        fixed = search is None and self.global_batch_size is not None
+        if fixed and self.global_batch_size % self.num_microbatches:  # type: ignore[operator]
             raise ValueError(
                 f"num_microbatches ({self.num_microbatches}) must divide global_batch_size "
                 f"({self.global_batch_size})"
@@ -232,8 +265,46 @@ class PlanOptions(Frozen):
         zero-bubble schedules need it; `auto` considers them)."""
         return self.schedule == "auto" or self.schedule in ZERO_BUBBLE_SCHEDULES
 
+    def global_batch(self, micro_batch_size: int) -> int:
+        """The global batch of a model traced at `micro_batch_size`."""
+        if self.global_batch_size is not None:
+            return self.global_batch_size
+        return micro_batch_size * self.num_microbatches
+
+    def microbatch_counts(self, micro_batch_size: int) -> list[int]:
+        """The counts of micro-batches this job plans, ascending: the fixed one, or those
+        `microbatch_search` gives (divisors of the global batch). Raises ValueError for a
+        listed count that does not divide the global batch."""
+        batch = self.global_batch(micro_batch_size)
+        search = self.microbatch_search
+        if search is None:
+            return [self.num_microbatches]
+        if search == "auto":
+            return [b for b in range(1, min(batch, MAX_AUTO_MICROBATCHES) + 1) if batch % b == 0]
+        bad = [b for b in search if batch % b]
+        if bad:
+            raise ValueError(
+                f"microbatch_search: {bad} do not divide the global batch {batch} (micro-batch "
+                f"{micro_batch_size} x num_microbatches {self.num_microbatches})"
+            )
+        return sorted(search)
+
+    def at_count(self, count: int, micro_batch_size: int) -> "PlanOptions":
+        """These options with `count` micro-batches fixed, at the same global batch."""
+        batch = self.global_batch(micro_batch_size)
+        return self.model_copy(
+            update={
+                "num_microbatches": count,
+                "global_batch_size": batch,
+                "microbatch_search": None,
+            }
+        )
+
     def check_micro_batch(self, micro_batch_size: int) -> None:
         """Raise ValueError when the global batch disagrees with the spec's micro-batch."""
+        if self.microbatch_search is not None:
+            self.microbatch_counts(micro_batch_size)
+            return
         if self.global_batch_size is None:
             return
         mb = self.global_batch_size // self.num_microbatches
@@ -516,11 +587,36 @@ class MaxTextPlan(Frozen):
     )
 
 
+class MicrobatchOption(Frozen):
+    """One count of micro-batches searched (`PlanOptions.microbatch_search`): its best plan's
+    simulated time beside the others, or why it has none."""
+
+    num_microbatches: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1, description="Global batch / num_microbatches.")
+    feasible: bool
+    reason: str | None = Field(None, description="Why it has no plan, when it has none.")
+    predicted_iteration_time_s: float | None = Field(None, ge=0, description="Simulated.")
+    schedule: ScheduleName | None = Field(None, description="Its best plan's schedule.")
+    layout: str = Field("", description="Its best plan's stages on one line (stage_layout).")
+    chosen: bool = Field(False, description="Whether it is the plan's count.")
+
+
 class Plan(Frozen):
     """A pipeline plan: stages covering every layer, using every device."""
 
     stages: list[PlannedStage] = Field(min_length=1)
     num_microbatches: int = Field(ge=1)
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per micro-batch the stages were measured at; null: the model's "
+        "traced size (stored before).",
+    )
+    microbatch_options: list[MicrobatchOption] = Field(
+        default_factory=list,
+        description="Each count of micro-batches searched, its best plan's simulated time "
+        "(empty unless the request set microbatch_search).",
+    )
     num_layers: int = Field(ge=1)
     num_devices: int = Field(ge=1)
     dp_cost_s: float = Field(

@@ -1,0 +1,135 @@
+"""The number of micro-batches as a plan dimension, at a fixed global batch.
+
+Each count B of `PlanOptions.microbatch_counts` runs micro-batches of global batch / B; its
+stages are measured (or estimated from layer profiles) at that size, so its table, its
+candidate space (a config's data-parallel size must divide the micro-batch size) and every
+schedule's memory rule (the stash one micro-batch keeps, at that size) are its own. Each
+count is planned as a fixed-count job plans it, and the simulator judges between them: the
+answer is the fastest count's plan in simulated time, the others shown beside it
+(`Plan.microbatch_options`).
+
+`MicrobatchSearch` runs one estimate search (`planner.verify`) per count, round by round; a
+count whose optimistic best (its estimates at the band's low end, with the provable bounds)
+is slower than a plan of measured stages another count already has stops asking for
+measurements: it cannot answer.
+"""
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from planner.errors import NoFeasiblePlan
+from planner.table import Key
+from planner.verify import EstimateSearch
+from schemas import MicrobatchOption, Plan, StageProfileResult
+from schemas.plan import stage_layout
+
+logger = logging.getLogger(__name__)
+
+# A count's plan, or why it has none.
+CountPlan = Plan | str
+
+
+def choose_count(plans: Mapping[int, CountPlan], global_batch: int) -> Plan:
+    """The fastest plan in simulated time over the counts (ties: fewer micro-batches, each
+    keeping more per stage but scheduling fewer ops), annotated with its micro-batch size and
+    every count's best beside it. Raises `NoFeasiblePlan` when no count has a plan."""
+    feasible = {b: p for b, p in plans.items() if isinstance(p, Plan)}
+    if not feasible:
+        why = "; ".join(f"{b} micro-batches: {p}" for b, p in sorted(plans.items()))
+        raise NoFeasiblePlan(f"no count of micro-batches has a plan ({why})")
+    chosen = min(
+        feasible, key=lambda b: (float(f"{feasible[b].predicted_iteration_time_s:.12g}"), b)
+    )
+    options = []
+    for b, plan in sorted(plans.items()):
+        size = global_batch // b
+        if isinstance(plan, str):
+            options.append(
+                MicrobatchOption(
+                    num_microbatches=b, micro_batch_size=size, feasible=False, reason=plan
+                )
+            )
+            continue
+        options.append(
+            MicrobatchOption(
+                num_microbatches=b,
+                micro_batch_size=size,
+                feasible=True,
+                predicted_iteration_time_s=plan.predicted_iteration_time_s,
+                schedule=plan.schedule_name,
+                layout=stage_layout(plan.stages),
+                chosen=b == chosen,
+            )
+        )
+    best = feasible[chosen]
+    return best.model_copy(
+        update={"micro_batch_size": global_batch // chosen, "microbatch_options": options}
+    )
+
+
+@dataclass
+class MicrobatchSearch:
+    """The estimate search of every count (see the module doc): `searches[B]` plans B
+    micro-batches on its own space and measurements at its micro-batch size."""
+
+    searches: dict[int, EstimateSearch]
+    global_batch: int
+    live: set[int] = field(init=False)
+    # simulated time of a plan of measured stages only, per count that found one
+    measured_best: dict[int, float] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)
+    rounds: int = 0
+
+    def __post_init__(self) -> None:
+        for b, search in self.searches.items():
+            if search.options.num_microbatches != b:
+                raise ValueError(f"the search of {b} micro-batches plans {search.options}")
+        self.live = set(self.searches)
+
+    def add(self, count: int, keys: list[Key], result: StageProfileResult) -> None:
+        """A result measured at count `count`'s micro-batch size."""
+        self.searches[count].add(keys, result)
+
+    def next_round(self) -> dict[int, list[Key]]:
+        """The stages each count wants measured next; empty when every count is done."""
+        self.rounds += 1
+        wanted: dict[int, list[Key]] = {}
+        for b in sorted(self.live):
+            search = self.searches[b]
+            keys = search.next_round()
+            if keys:
+                wanted[b] = keys
+                continue
+            self.live.discard(b)
+            if search.stopped == "the best plan is measured" and search.best_time is not None:
+                self.measured_best[b] = search.best_time
+        bound = min(self.measured_best.values(), default=math.inf)
+        for b in list(wanted):
+            lower = self.searches[b].best_time
+            if lower is not None and lower > bound:
+                winner = min(self.measured_best, key=lambda c: self.measured_best[c])
+                why = (
+                    f"its best on estimates ({lower:.6g} s) is slower than the measured plan "
+                    f"of {winner} micro-batches ({bound:.6g} s)"
+                )
+                logger.info("%d micro-batches: stopped: %s", b, why)
+                self.dropped[b] = why
+                self.live.discard(b)
+                del wanted[b]
+        return wanted
+
+    def plans(self) -> dict[int, CountPlan]:
+        """Each count's plan (see `EstimateSearch.plan`), or why it has none."""
+        out: dict[int, CountPlan] = {}
+        for b, search in sorted(self.searches.items()):
+            try:
+                out[b] = search.plan()
+            except NoFeasiblePlan as e:
+                out[b] = str(e)
+        return out
+
+    def plan(self) -> Plan:
+        """The fastest count's plan (`choose_count`)."""
+        return choose_count(self.plans(), self.global_batch)

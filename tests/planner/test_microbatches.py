@@ -1,0 +1,236 @@
+"""The number of micro-batches as a plan dimension (planner.microbatches).
+
+A brute force over (partition x config x count) on small synthetic tables, each count's
+stages at its own micro-batch size, equals the search; the estimate search over counts
+gives the optimum of the full tables; the plan with counts searched is never slower in
+simulated time than the plan at any fixed count of the set."""
+
+import math
+import random
+
+import pytest
+
+from planner import EstimateSearch, NoFeasiblePlan, build_plan, enumerate_candidates
+from planner.estimate import is_profiled, with_layer_profiles
+from planner.microbatches import MicrobatchSearch, choose_count
+from planner.stages import simulate_stages
+from planner.table import build_cost_table
+from schemas import ModelSpec, PlanOptions, StageProfileResult, VarSpec
+from tests.planner.brute_force import all_plans
+from tests.planner.helpers import cluster, programless_chain_spec
+from tests.support.profiles import fake_profile
+
+GLOBAL = 16
+CLUSTER = cluster(1, 4)
+MEMORY = 10_000
+OVERHEAD = 0.3e-3
+
+
+def chain(num_layers: int, size: int, classes: list[str] | None = None) -> ModelSpec:
+    """A chain of programless layers whose batch vars are `size` samples."""
+    spec = programless_chain_spec(num_layers)
+
+    def at(v: VarSpec) -> VarSpec:
+        return v.model_copy(update={"shape": (size, *v.shape[1:])}) if v.shape else v
+
+    layers = [
+        x.model_copy(
+            update={
+                "inputs": [at(v) for v in x.inputs],
+                "outputs": [at(v) for v in x.outputs],
+                "fingerprint": classes[i] if classes else f"l{i}",
+            }
+        )
+        for i, x in enumerate(spec.layers)
+    ]
+    return spec.model_copy(update={"inputs": [at(v) for v in spec.inputs], "layers": layers})
+
+
+def options(counts: list[int], **kw: object) -> PlanOptions:
+    base: dict[str, object] = {
+        "num_microbatches": 4,
+        "global_batch_size": GLOBAL,
+        "microbatch_search": counts,
+        "schedule": "1f1b",
+        "strategies": ["data"],
+        "remat": "as_written",
+    }
+    return PlanOptions(**(base | kw))  # type: ignore[arg-type]
+
+
+def law(weights: list[float], size: int, devices: int, config: int, key: tuple) -> dict:
+    """A stage's forward seconds and bytes at micro-batch `size`: a per-call overhead plus
+    its layers' work on `size` samples split over the devices (less than perfectly), and a
+    stash that grows with the size (so memory binds at large micro-batches)."""
+    start, end, _, _ = key
+    n = end - start + 1
+    work = sum(weights[start : end + 1]) * size / devices**0.7
+    forward = (OVERHEAD + work) * (1 + 0.15 * config)
+    stash = 60 * size * n // devices
+    initial = 400 * n // devices
+    mns = max(-1, min(100, (MEMORY - initial) // max(stash, 1) - 1))
+    return {"forward": forward, "stash": stash, "initial": initial, "mns": mns, "n": n}
+
+
+def truth(space, weights: list[float], size: int) -> dict[tuple, StageProfileResult]:
+    out = {}
+    for k in space.keys:
+        submesh, config = space.resolve(k)
+        key = k.as_tuple()
+        x = law(weights, size, submesh.num_devices, k.config_id, key)
+        out[key] = fake_profile(
+            f"{key}@{size}",
+            forward=x["forward"],
+            backward=2 * x["forward"],
+            submesh=submesh,
+            config=config,
+            num_layers=x["n"],
+            initial_var_size=x["initial"],
+            intermediate_size=x["stash"],
+            available_memory=MEMORY,
+            max_n_succ_stages=x["mns"],
+        )
+    return out
+
+
+def count_problem(num_layers: int, weights: list[float], opts: PlanOptions, count: int):
+    size = GLOBAL // count
+    spec = chain(num_layers, size)
+    fixed = opts.at_count(count, size)
+    space = enumerate_candidates(spec, CLUSTER, fixed)
+    return spec, fixed, space, truth(space, weights, size)
+
+
+def brute(num_layers: int, weights: list[float], opts: PlanOptions) -> tuple[float, int]:
+    """The least simulated 1F1B time over every count, partition and config whose stages
+    fit (a stage with q after it keeps q + 1 micro-batches), and its count."""
+    best = (math.inf, 0)
+    for count in opts.microbatch_counts(GLOBAL // 4):
+        spec, fixed, space, results = count_problem(num_layers, weights, opts, count)
+        table = build_cost_table(spec, CLUSTER, space, results)
+        sizes = [s.num_devices for s in space.submeshes]
+        for plan in all_plans(table.dp_cost, sizes, CLUSTER.num_devices):
+            n = len(plan)
+            if any(table.max_n_succ_stages[k] < n - 1 - p for p, k in enumerate(plan)):
+                continue
+            t = simulate_stages(table, plan, count).iteration_time_s
+            best = min(best, (t, count))
+    return best
+
+
+def searched(num_layers: int, weights: list[float], opts: PlanOptions):
+    plans = {}
+    for count in opts.microbatch_counts(GLOBAL // 4):
+        spec, fixed, space, results = count_problem(num_layers, weights, opts, count)
+        try:
+            plans[count] = build_plan(spec, CLUSTER, fixed, space, results)
+        except NoFeasiblePlan as e:
+            plans[count] = str(e)
+    return plans
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_search_over_counts_equals_a_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    num_layers = rng.choice([3, 4])
+    weights = [rng.uniform(0.2e-3, 1.5e-3) for _ in range(num_layers)]
+    opts = options([1, 2, 4, 8, 16], config_space="all", strategies=["data", "megatron"])
+    expected, expected_count = brute(num_layers, weights, opts)
+    plans = searched(num_layers, weights, opts)
+    plan = choose_count(plans, GLOBAL)
+    assert math.isclose(plan.predicted_iteration_time_s, expected, rel_tol=1e-9)
+    assert plan.num_microbatches == expected_count
+    assert plan.micro_batch_size == GLOBAL // expected_count
+    chosen = [o for o in plan.microbatch_options if o.chosen]
+    assert [o.num_microbatches for o in chosen] == [expected_count]
+    for option in plan.microbatch_options:  # never slower than any fixed count
+        if option.feasible:
+            assert option.predicted_iteration_time_s is not None
+            assert plan.predicted_iteration_time_s <= option.predicted_iteration_time_s
+
+
+def test_memory_rules_use_the_count_s_micro_batch_size() -> None:
+    """A memory so small that the biggest micro-batches never fit: those counts have no plan
+    and say why, and the answer is a count whose stash fits."""
+    global MEMORY
+    weights = [1e-3] * 3
+    opts = options([1, 2, 4, 16])
+    saved, MEMORY = MEMORY, 700
+    try:
+        plans = searched(3, weights, opts)
+    finally:
+        MEMORY = saved
+    assert isinstance(plans[1], str)  # 16 samples per micro-batch: no stage fits
+    assert not isinstance(searched(3, weights, opts)[1], str)  # they do with more memory
+    plan = choose_count(plans, GLOBAL)
+    assert plan.num_microbatches != 1
+    by_count = {o.num_microbatches: o for o in plan.microbatch_options}
+    assert not by_count[1].feasible and by_count[1].reason
+
+
+CLASSES = ["embed"] + ["block"] * 6 + ["head"]
+WEIGHTS = {"embed": 0.1e-3, "block": 0.5e-3, "head": 0.3e-3}
+
+
+def test_the_estimate_search_over_counts_gives_the_optimum_of_the_full_tables() -> None:
+    opts = options([2, 4, 8, 16], config_space="data_parallel_only")
+    weights = [WEIGHTS[c] for c in CLASSES]
+    searches, full = {}, {}
+    for count in opts.microbatch_counts(GLOBAL // 4):
+        size = GLOBAL // count
+        spec = chain(len(CLASSES), size, CLASSES)
+        fixed = opts.at_count(count, size)
+        base = enumerate_candidates(spec, CLUSTER, fixed)
+        space, scaled, _ = with_layer_profiles(base, CLASSES)
+        results = truth(space, weights, size)
+        search = EstimateSearch(spec, CLUSTER, fixed, space, frozenset(scaled))
+        for key in [k for k in results if is_profiled(k, CLASSES)]:
+            search.add([key], results[key])
+        searches[count] = search
+        full[count] = (results, build_plan(spec, CLUSTER, fixed, space, results))
+    multi = MicrobatchSearch(searches, GLOBAL)
+    while wanted := multi.next_round():
+        for count, keys in wanted.items():
+            for key in keys:
+                multi.add(count, [key], full[count][0][key])
+    plan = multi.plan()
+    best = min(p.predicted_iteration_time_s for _, p in full.values())
+    assert math.isclose(plan.predicted_iteration_time_s, best, rel_tol=1e-9)
+    assert all(s.measured for s in plan.stages)
+    for _, fixed_plan in full.values():  # never slower than the plan at any fixed count
+        assert plan.predicted_iteration_time_s <= fixed_plan.predicted_iteration_time_s + 1e-12
+    measured = sum(len(s.measured) for s in searches.values())
+    assert measured < sum(len(r) for r, _ in full.values())
+
+
+def test_counts_are_the_divisors_of_the_global_batch() -> None:
+    auto = PlanOptions(num_microbatches=4, microbatch_search="auto")
+    assert auto.microbatch_counts(6) == [1, 2, 3, 4, 6, 8, 12, 24]
+    big = PlanOptions(global_batch_size=256, microbatch_search="auto")
+    assert big.microbatch_counts(1) == [1, 2, 4, 8, 16, 32, 64]  # at most 64
+    listed = PlanOptions(num_microbatches=4, microbatch_search=[8, 4, 32])
+    assert listed.microbatch_counts(8) == [4, 8, 32]
+    with pytest.raises(ValueError, match=r"\[32\] do not divide the global batch 16"):
+        listed.microbatch_counts(4)
+    fixed = listed.at_count(8, 8)
+    assert (fixed.num_microbatches, fixed.global_batch_size, fixed.microbatch_search) == (
+        8,
+        32,
+        None,
+    )
+    fixed.check_micro_batch(4)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"microbatch_search": [4, 4]}, "counts must be unique"),
+        ({"microbatch_search": []}, "list 1 to 32 counts"),
+        ({"microbatch_search": [0]}, "greater than or equal to 1"),
+        ({"microbatch_search": [3], "global_batch_size": 16}, r"\[3\] do not divide"),
+        ({"microbatch_search": "some"}, "auto"),
+    ],
+)
+def test_bad_microbatch_search_is_refused(body: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlanOptions.model_validate(body)
