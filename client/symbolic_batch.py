@@ -30,7 +30,7 @@ from client.tracing import trace
 from schemas import LayerBatchFlops, ModelSpec, SymbolicBatch
 
 SYMBOL = "b"
-__all__ = ["NotBatchPolymorphic", "trace_symbolic_batch"]
+__all__ = ["NotBatchPolymorphic", "build_zoo_symbolic", "trace_symbolic_batch"]
 
 
 def trace_symbolic_batch(
@@ -79,6 +79,23 @@ def trace_symbolic_batch(
         ],
     )
     return spec.model_copy(update={"layers": layers, "symbolic_batch": facts})
+
+
+def build_zoo_symbolic(
+    name: str, remat_variants: tuple[str, ...] = ("full", "dots"), **overrides: Any
+) -> ModelSpec:
+    """Zoo model `name` (as `client.zoo.build`) with a symbolic batch dimension."""
+    from client import zoo
+
+    built = zoo.make(name, **overrides)
+    return trace_symbolic_batch(
+        built.loss_fn,
+        built.params,
+        built.batch,
+        name=name,
+        logical_axes=built.logical_axes,
+        remat_variants=remat_variants,
+    )
 
 
 def _programs_update(name: str, forward: str, programs: Mapping[str, LayerPrograms]) -> dict:

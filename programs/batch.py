@@ -1,31 +1,39 @@
 """A spec with a symbolic batch dimension, instantiated at a concrete micro-batch size.
 
-The programs stay shape-polymorphic (`jax.export` refines them when called with concrete
-arrays); what changes is what the spec states: every batch input's dim 0 is the new size,
-and each layer's inputs, outputs and residuals take the shapes its forward gives at that size
-(`jax.eval_shape` of the deserialized program, layer after layer), its FLOPs the affine value
-through the two traced sizes, and its fingerprint the one those shapes give. So a stage's
-fingerprint (built from its layers' and the micro-batch shapes) differs between sizes, and
-the same spec traced at that size measures the same.
+Every batch input's dim 0 becomes the new size, and each layer's inputs, outputs and
+residuals take the shapes its forward gives at that size (`jax.eval_shape` of the
+deserialized program, layer after layer); its FLOPs are the affine value through the two
+traced sizes; each program is exported again at those shapes (`jax.export` refines the
+symbolic module), so the stage built from it compiles, splits its backward and is
+fingerprinted as a spec traced at that size. A stage's fingerprint (its layers' and the
+micro-batch shapes) therefore differs between sizes.
 """
 
+import base64
+import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from jax._src.interpreters import mlir as jax_mlir
+from jaxlib.mlir import ir
 
+from programs.check import expected_signatures, layer_forms
 from programs.fingerprint import with_fingerprints
 from programs.load import load_program
+from programs.strip import strip_locations
 from schemas import LayerSpec, ModelSpec, VarSpec
 
 
 def spec_at_batch(spec: ModelSpec, size: int) -> ModelSpec:
-    """`spec` stated at micro-batch `size` (itself at its traced size). Raises ValueError when
-    the spec has no symbolic batch dimension or a program rejects the size."""
-    if size == spec.micro_batch_size:
-        return spec
+    """`spec` stated at micro-batch `size`, its programs concrete (`symbolic_batch` null). A
+    spec without a symbolic batch is only stated at its own size (itself). Raises ValueError
+    when the spec has no symbolic batch dimension or a program rejects the size."""
     poly = spec.symbolic_batch
+    if poly is None and size == spec.micro_batch_size:
+        return spec
     if poly is None:
         raise ValueError(
             f"the model was traced at micro-batch {spec.micro_batch_size} without a symbolic "
@@ -62,20 +70,44 @@ def spec_at_batch(spec: ModelSpec, size: int) -> ModelSpec:
         if variants:
             update["remat_variants"] = variants
         layers.append(layer.model_copy(update=update))
-    probe_flops = [
-        p.model_copy(
-            update={
-                "forward": layer.flops,
-                "backward": layer.backward_flops,
-                "variants": {n: v.backward_flops for n, v in layer.remat_variants.items()},
-            }
-        )
-        for layer, p in zip(spec.layers, poly.probe_flops, strict=True)
-    ]
-    # Restated at `size`, the original traced size becomes the second point.
-    facts = poly.model_copy(update={"probe_size": k0, "probe_flops": probe_flops})
-    at_size = spec.model_copy(update={"inputs": inputs, "layers": layers, "symbolic_batch": facts})
+    at_size = spec.model_copy(
+        update={"inputs": inputs, "layers": [_concrete(x) for x in layers], "symbolic_batch": None}
+    )
     return with_fingerprints(at_size)
+
+
+def _concrete(layer: LayerSpec) -> LayerSpec:
+    """The layer with every program exported again at the shapes it states."""
+    update: dict[str, Any] = {}
+    variants = {}
+    for prefix, form in layer_forms(layer):
+        programs = {}
+        for kind, (args, _) in expected_signatures(form).items():
+            structs = tuple((tuple(v.shape), v.dtype) for _, v in args)
+            programs[kind] = _export_at(getattr(form, kind), structs)
+        if not prefix:
+            update |= programs
+        else:
+            name = next(n for n in layer.remat_variants if repr(n) in prefix)
+            variants[name] = layer.remat_variants[name].model_copy(update=programs)
+    if variants:
+        update["remat_variants"] = variants
+    return layer.model_copy(update=update)
+
+
+@functools.lru_cache(maxsize=1024)
+def _export_at(program: str, structs: tuple[tuple[tuple[int, ...], str], ...]) -> str:
+    """`program` exported again for arguments of these (shape, dtype)s, base64."""
+    exp = load_program(program)
+    args = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in structs]
+    again = jax.export.export(jax.jit(exp.call), platforms=exp.platforms)(*args)
+    # The module calls the symbolic one: refine its shapes, so no dynamic shape is left
+    # for the workers (compile, split of the backward) or the fingerprint.
+    with jax_mlir.make_ir_context():
+        module = jax_mlir.refine_polymorphic_shapes(ir.Module.parse(again.mlir_module()))
+        refined = jax_mlir.module_to_bytecode(module)
+    again = dataclasses.replace(again, mlir_module_serialized=refined)
+    return base64.b64encode(strip_locations(again.serialize())).decode("ascii")
 
 
 class _Affine:

@@ -49,7 +49,16 @@ def program_errors(spec: ModelSpec, loc: Loc) -> Errors:
     return [field_error((*loc, "layers", p.layer, p.field), p.message) for p in problems]
 
 
+SEARCH_IS_PER_JOB = (
+    "a job plans one count of micro-batches: submit one job per count at the global batch "
+    "(num_microbatches and global_batch_size; `stageprof plan --micro-batches auto` does, "
+    "and answers with the fastest)"
+)
+
+
 def micro_batch_errors(options: PlanOptions, micro_batch_size: int, loc: Loc) -> Errors:
+    if options.microbatch_search is not None:
+        return [field_error((*loc, "microbatch_search"), SEARCH_IS_PER_JOB)]
     try:
         options.check_micro_batch(micro_batch_size)
     except ValueError as e:

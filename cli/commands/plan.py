@@ -19,6 +19,7 @@ from cli.commands.measure_args import (
     field_default,
     measurement_options,
 )
+from cli.commands.plan_counts import parse_micro_batches
 from cli.commands.worker import add_runner_arguments, runner_config
 from cli.commands.zoo_args import (
     add_model_arguments,
@@ -42,7 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     field_argument(parser, "--devices-per-host", ClusterSpec, "devices_per_host")
     field_argument(parser, "--device-kind", ClusterSpec, "device_kind")
     add_device_memory_argument(parser)
-    field_argument(parser, "--micro-batches", PlanOptions, "num_microbatches")
+    field_argument(
+        parser,
+        "--micro-batches",
+        PlanOptions,
+        "num_microbatches",
+        type=parse_micro_batches,
+        metavar="B|auto|B1,B2,..",
+        help="micro-batches per iteration (default: 4); 'auto' or a list (4,8,16,32) "
+        "searches the count at the global batch (--global-batch, default: the model's "
+        "micro-batch size x 4), one job per count, the fastest plan answering",
+    )
     field_argument(parser, "--global-batch", PlanOptions, "global_batch_size", type=int)
     spaces = [s for s in typing.get_args(SubmeshSpace) if s != "manual"]  # no flag for manual
     field_argument(parser, "--submesh-space", PlanOptions, "submesh_space", choices=spaces)
@@ -120,8 +131,10 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         device_kind=args.device_kind,
         device_memory_bytes=int(args.device_memory_gib * GIB),
     )
+    micro = args.micro_batches
+    counts = micro if isinstance(micro, dict) else {"num_microbatches": micro}
     options = PlanOptions(
-        num_microbatches=args.micro_batches,
+        **counts,
         global_batch_size=args.global_batch,
         submesh_space=args.submesh_space,
         config_space=args.config_space,
@@ -171,6 +184,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError) as err:
         print(f"stageprof plan: {one_line(err)}", file=sys.stderr)
         return 2
+    if options.microbatch_search is not None:
+        if args.server:
+            print("stageprof plan: --micro-batches auto runs embedded only", file=sys.stderr)
+            return 2
+        from cli.commands.plan_counts import run_counts_local
+
+        return run_counts_local(args, cluster, options)
     if args.server:
         from cli.commands.plan_remote import run_remote
 

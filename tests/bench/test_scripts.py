@@ -162,3 +162,15 @@ def test_upload_check() -> None:
     assert out["fingerprints_equal"] is True and out["problems"] == 0
     assert out["backends_initialised"] == []  # the server's check touches no device
     assert out["distinct_program_pairs"] == 3 and out["layers"] == 4
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_microbatch_search() -> None:
+    out = run_script("microbatch_search.py", "--layers", "1", "--quick", "--counts", "2,4")
+    per_count = out["per_count"]
+    assert set(per_count) == {"2", "4"}
+    assert out["chosen_count"] in (2, 4)
+    times = [v["ms"] for v in per_count.values() if v["ms"] is not None]
+    assert out["auto_ms"] == min(times)  # never slower than any count searched
+    assert out["fixed_ms"] is not None and out["ratio_total"] > 0

@@ -89,6 +89,11 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         (PLANS,),
+        r"a job plans one count of micro-batches|counts must be unique|list 1 to \d+ counts",
+        "microbatch_search: refused by a job (one count per job); counts unique and few",
+    ),
+    CrossFieldRule(
+        (PLANS,),
         r"must be >= start \(|is past the model's last layer",
         "measure_stages: a key's end >= its start, and below the model's number of layers",
         field=r"^options\.measure_stages\.\d+(\.end)?$",

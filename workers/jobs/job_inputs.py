@@ -116,6 +116,11 @@ def load_checked(
     from workers.measure import check_programs
 
     model_id, spec, cluster, options = load_job(retry, keeper, job_id, build_zoo)
+    if options.microbatch_search is not None:
+        raise JobFailed(
+            "options.microbatch_search: a job plans one count of micro-batches; submit one "
+            "job per count (stageprof plan --micro-batches auto does)"
+        )
     try:
         options.check_micro_batch(spec.micro_batch_size)
     except ValueError as err:
