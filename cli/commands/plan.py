@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         from cli.commands.plan_counts import run_counts_local
 
-        return run_counts_local(args, cluster, options)
+        return run_counts_local(args, cluster, options, queue_embedded_job)
     if args.server:
         from cli.commands.plan_remote import run_remote
 

@@ -11,6 +11,7 @@ best shown beside it.
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +19,9 @@ from rich.table import Table
 
 from cli.commands.zoo_args import one_line, parse_overrides
 from schemas import ClusterSpec, ModelSpec, Plan, PlanOptions
+
+# cli.commands.plan.queue_embedded_job: (store url, spec, cluster, options) -> (sessions, id)
+QueueJob = Callable[[str | None, ModelSpec, ClusterSpec, PlanOptions], tuple[Any, str]]
 
 
 def parse_micro_batches(text: str) -> dict[str, Any]:
@@ -52,8 +56,11 @@ def load_symbolic_model(args: argparse.Namespace) -> ModelSpec:
     return build_zoo_symbolic(args.zoo, **parse_overrides(args.overrides))
 
 
-def run_counts_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions) -> int:
-    from cli.commands.plan import queue_embedded_job
+def run_counts_local(
+    args: argparse.Namespace, cluster: ClusterSpec, options: PlanOptions, queue_job: QueueJob
+) -> int:
+    """Plan each count as its own embedded job (`queue_job` queues one) and print the
+    fastest plan beside the others."""
     from cli.commands.plan_output import print_json_line, print_plan
     from cli.commands.progress_output import progress_bar
     from cli.commands.worker import runner_config
@@ -87,7 +94,7 @@ def run_counts_local(args: argparse.Namespace, cluster: ClusterSpec, options: Pl
     config = runner_config(args)
     for b in counts:
         began = time.monotonic()
-        sessions, job_id = queue_embedded_job(
+        sessions, job_id = queue_job(
             args.database_url, specs[b], cluster, options.at_count(b, traced)
         )
         with progress_bar(console) as on_progress:
