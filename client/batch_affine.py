@@ -52,8 +52,10 @@ class Generalized:
     def __init__(self, c0: core.ClosedJaxpr, c1: core.ClosedJaxpr, pts: BatchPoints) -> None:
         self.c0, self.c1, self.pts = c0, c1, pts
         for x0, x1 in zip(c0.consts, c1.consts, strict=True):
+            if x0 is x1:
+                continue
             a0, a1 = np.asarray(x0), np.asarray(x1)
-            if a0.shape != a1.shape or not np.array_equal(a0, a1):
+            if a0.shape != a1.shape or not _same(a0, a1):
                 raise NotBatchPolymorphic(
                     f"a constant of shape {a0.shape} depends on the batch size (it is "
                     f"{a1.shape} at batch {pts.k1})"
@@ -98,8 +100,10 @@ class Generalized:
     def _read(self, env: dict, a0: Any, a1: Any, where: str) -> Any:
         if not isinstance(a0, core.Literal):
             return env[a0]
+        if a0 is a1:
+            return a0.val
         v0, v1 = np.asarray(a0.val), np.asarray(a1.val)
-        if np.array_equal(v0, v1):
+        if _same(v0, v1):
             return a0.val
         if v0.shape or v1.shape or v0 != np.round(v0) or v1 != np.round(v1):
             raise NotBatchPolymorphic(
@@ -110,6 +114,8 @@ class Generalized:
         return jnp.asarray(size).astype(v0.dtype)
 
     def _param(self, p0: Any, p1: Any, where: str) -> Any:
+        if p0 is p1:
+            return p0
         if isinstance(p0, core.ClosedJaxpr):
             return self._closed(p0, p1)
         if isinstance(p0, core.Jaxpr):
@@ -144,6 +150,14 @@ class Generalized:
         ]
         inner = Generalized(c0, c1, self.pts)
         return jax.make_jaxpr(lambda *a: inner(*a))(*structs)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal arrays, NaN equal to NaN."""
+    try:
+        return bool(np.array_equal(a, b, equal_nan=True))
+    except TypeError:  # a dtype without NaN
+        return bool(np.array_equal(a, b))
 
 
 def inlined(closed: core.ClosedJaxpr) -> Generalized:
