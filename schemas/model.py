@@ -301,9 +301,19 @@ class LayerBatchFlops(Frozen):
 
     forward: float = Field(0.0, ge=0, description="Forward FLOPs.")
     backward: float = Field(0.0, ge=0, description="Backward FLOPs as written.")
-    variants: dict[str, float] = Field(
-        default_factory=dict, description="Backward FLOPs under each remat variant, by name."
+    variants: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="Backward FLOPs under each remat variant, by name.",
+        json_schema_extra={"propertyNames": {"enum": list(REMAT_VARIANTS)}},
     )
+
+    @field_validator("variants")
+    @classmethod
+    def _known_variants(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(REMAT_VARIANTS))
+        if unknown:
+            raise ValueError(f"unknown remat variants {unknown}; use {list(REMAT_VARIANTS)}")
+        return v
 
 
 class SymbolicBatch(Frozen):

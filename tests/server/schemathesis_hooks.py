@@ -64,6 +64,11 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "`loss` is a scalar output of the last layer",
     ),
     CrossFieldRule(SPEC_OPS, r"logical_axes has", "`logical_axes` has one name per dim of `shape`"),
+    CrossFieldRule(
+        SPEC_OPS,
+        r"symbolic_batch\.probe_flops has \d+ entries|symbolic_batch\.probe_size must differ",
+        "`symbolic_batch` has one entry per layer and a probe size other than the traced one",
+    ),
     CrossFieldRule(SPEC_OPS, r"the programs total", "the programs' total size, over all layers"),
     CrossFieldRule(
         SPEC_OPS,
