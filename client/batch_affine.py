@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import source_info_util
 from jax.extend import core
 
 _INLINED = ("jit", "pjit")
@@ -87,7 +88,10 @@ class Generalized:
                         env[v] = x
                 continue
             params = {k: self._param(v, e1.params[k], f"{name}.{k}") for k, v in e0.params.items()}
-            with e0.ctx.manager:
+            # as jax's eval_jaxpr: the equation's source and scopes, and its context
+            names = source_info_util.current_name_stack() + e0.source_info.name_stack
+            where_from = source_info_util.user_context(e0.source_info.traceback, name_stack=names)
+            with where_from, e0.ctx.manager:
                 out = e0.primitive.bind(*ins, **e0.primitive.get_bind_params(params))
             outs = out if e0.primitive.multiple_results else [out]
             for v, x in zip(e0.outvars, outs, strict=True):
