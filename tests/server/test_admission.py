@@ -376,6 +376,8 @@ def test_the_zoo_mesh_facts_are_the_models(name: str) -> None:
     built = make_zoo(name)
     inputs = [(tuple(v.shape), str(v.dtype)) for v in built.batch.values()]
     assert ZOO_MESH_FACTS[name] == MeshFacts.of(inputs, built.logical_axes.values())
+
+
 def test_microbatch_search_is_refused_by_a_job(api: httpx.Client, row_counts: RowCounts) -> None:
     options = {"num_microbatches": 4, "microbatch_search": "auto"}
     body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER, "options": options}
