@@ -37,6 +37,12 @@ MAX_MICROBATCH_CHOICES = 32  # microbatch_search: most counts listed
 ALL_STRATEGIES: tuple[StrategyName, ...] = ("data", "megatron", "fsdp")
 
 
+# The counts `PlanOptions.microbatch_search` lists (unique: checked by its validator).
+MicrobatchCounts = Annotated[
+    list[Annotated[int, Field(ge=1, le=MAX_MICROBATCHES)]],
+    Field(min_length=1, max_length=MAX_MICROBATCH_CHOICES),
+]
+
 ManualSubmesh = tuple[
     Annotated[int, Field(ge=1, le=MAX_HOSTS)],
     Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_HOST)],
@@ -59,9 +65,7 @@ class PlanOptions(Frozen):
         description="Global batch; must equal micro-batch size × num_microbatches (unless "
         "microbatch_search is set). Default: the spec's micro-batch size × num_microbatches.",
     )
-    microbatch_search: (
-        Literal["auto"] | list[Annotated[int, Field(ge=1, le=MAX_MICROBATCHES)]] | None
-    ) = Field(
+    microbatch_search: Literal["auto"] | MicrobatchCounts | None = Field(
         None,
         description="Search the number of micro-batches at the fixed global batch (above): "
         f"'auto' plans every divisor of it from 1 to {MAX_AUTO_MICROBATCHES}, a list plans "
@@ -215,8 +219,6 @@ class PlanOptions(Frozen):
     @classmethod
     def _microbatch_choices(cls, v: object) -> object:
         if isinstance(v, list):
-            if not v or len(v) > MAX_MICROBATCH_CHOICES:
-                raise ValueError(f"list 1 to {MAX_MICROBATCH_CHOICES} counts, got {len(v)}")
             if len(set(v)) != len(v):
                 raise ValueError(f"counts must be unique, got {v}")
         return v
