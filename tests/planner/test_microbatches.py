@@ -15,14 +15,20 @@ from planner.estimate import is_profiled, with_layer_profiles
 from planner.microbatches import MicrobatchSearch, choose_count
 from planner.stages import simulate_stages
 from planner.table import build_cost_table
-from schemas import ModelSpec, PlanOptions, StageProfileResult, VarSpec
+from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult, VarSpec
 from tests.planner.brute_force import all_plans
 from tests.planner.helpers import cluster, programless_chain_spec
 from tests.support.profiles import fake_profile
 
 GLOBAL = 16
-CLUSTER = cluster(1, 4)
 MEMORY = 10_000
+
+
+def device_cluster() -> ClusterSpec:
+    """1 x 4 devices of MEMORY bytes (results are judged on the job's device memory)."""
+    return cluster(1, 4).model_copy(update={"device_memory_bytes": MEMORY})
+
+
 OVERHEAD = 0.3e-3
 
 
@@ -68,7 +74,7 @@ def law(weights: list[float], size: int, devices: int, config: int, key: tuple) 
     forward = (OVERHEAD + work) * (1 + 0.15 * config)
     stash = 60 * size * n // devices
     initial = 400 * n // devices
-    mns = max(-1, min(100, (MEMORY - initial) // max(stash, 1) - 1))
+    mns = max(-1, min(2**20, (MEMORY - initial) // max(stash, 1) - 1))
     return {"forward": forward, "stash": stash, "initial": initial, "mns": mns, "n": n}
 
 
@@ -89,6 +95,7 @@ def truth(space, weights: list[float], size: int) -> dict[tuple, StageProfileRes
             intermediate_size=x["stash"],
             available_memory=MEMORY,
             max_n_succ_stages=x["mns"],
+            peak=0,
         )
     return out
 
@@ -97,7 +104,7 @@ def count_problem(num_layers: int, weights: list[float], opts: PlanOptions, coun
     size = GLOBAL // count
     spec = chain(num_layers, size)
     fixed = opts.at_count(count, size)
-    space = enumerate_candidates(spec, CLUSTER, fixed)
+    space = enumerate_candidates(spec, device_cluster(), fixed)
     return spec, fixed, space, truth(space, weights, size)
 
 
@@ -107,9 +114,9 @@ def brute(num_layers: int, weights: list[float], opts: PlanOptions) -> tuple[flo
     best = (math.inf, 0)
     for count in opts.microbatch_counts(GLOBAL // 4):
         spec, fixed, space, results = count_problem(num_layers, weights, opts, count)
-        table = build_cost_table(spec, CLUSTER, space, results)
+        table = build_cost_table(spec, device_cluster(), space, results)
         sizes = [s.num_devices for s in space.submeshes]
-        for plan in all_plans(table.dp_cost, sizes, CLUSTER.num_devices):
+        for plan in all_plans(table.dp_cost, sizes, device_cluster().num_devices):
             n = len(plan)
             if any(table.max_n_succ_stages[k] < n - 1 - p for p, k in enumerate(plan)):
                 continue
@@ -123,7 +130,7 @@ def searched(num_layers: int, weights: list[float], opts: PlanOptions):
     for count in opts.microbatch_counts(GLOBAL // 4):
         spec, fixed, space, results = count_problem(num_layers, weights, opts, count)
         try:
-            plans[count] = build_plan(spec, CLUSTER, fixed, space, results)
+            plans[count] = build_plan(spec, device_cluster(), fixed, space, results)
         except NoFeasiblePlan as e:
             plans[count] = str(e)
     return plans
@@ -180,14 +187,14 @@ def test_the_estimate_search_over_counts_gives_the_optimum_of_the_full_tables() 
         size = GLOBAL // count
         spec = chain(len(CLASSES), size, CLASSES)
         fixed = opts.at_count(count, size)
-        base = enumerate_candidates(spec, CLUSTER, fixed)
+        base = enumerate_candidates(spec, device_cluster(), fixed)
         space, scaled, _ = with_layer_profiles(base, CLASSES)
         results = truth(space, weights, size)
-        search = EstimateSearch(spec, CLUSTER, fixed, space, frozenset(scaled))
+        search = EstimateSearch(spec, device_cluster(), fixed, space, frozenset(scaled))
         for key in [k for k in results if is_profiled(k, CLASSES)]:
             search.add([key], results[key])
         searches[count] = search
-        full[count] = (results, build_plan(spec, CLUSTER, fixed, space, results))
+        full[count] = (results, build_plan(spec, device_cluster(), fixed, space, results))
     multi = MicrobatchSearch(searches, GLOBAL)
     while wanted := multi.next_round():
         for count, keys in wanted.items():
