@@ -24,9 +24,9 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from schemas.base import Frozen
 
@@ -41,7 +41,19 @@ ACTIVATION_RULES = frozenset({BATCH_RULE, LENGTH_RULE})
 STRATEGY_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,31}$"
 MAX_RULES = 256
 
-Rules = dict[str, tuple[str, ...]]
+# The mesh axes of one rule: the schema states the names and that none repeats (the
+# validator's messages name the rule), so a schema-valid table is a valid one.
+RuleAxes = Annotated[
+    tuple[str, ...],
+    WithJsonSchema(
+        {"type": "array", "items": {"enum": list(MESH_AXES)}, "uniqueItems": True, "maxItems": 5}
+    ),
+]
+Rules = dict[str, RuleAxes]
+# A mesh axis's size: >= 1, or -1 for "the rest of the devices".
+MeshAxisSize = Annotated[
+    int, WithJsonSchema({"type": "integer", "minimum": -1, "not": {"const": 0}})
+]
 
 # MaxText's default `logical_axis_rules`, restricted to our five mesh axes (the axes we do not
 # model, stage / fsdp_transpose / tensor_sequence / context_usp_ulysses / autoregressive, are
@@ -151,7 +163,7 @@ class ShardingStrategy(Frozen):
         "at most 32 characters.",
         json_schema_extra={"pattern": STRATEGY_NAME_PATTERN},
     )
-    mesh_axes: dict[MeshAxisName, int] = Field(
+    mesh_axes: dict[MeshAxisName, MeshAxisSize] = Field(
         description="Size per mesh axis (data, fsdp, tensor, context, expert; a missing axis "
         "is 1); at most one -1, filled so that the product is the submesh's devices.",
     )

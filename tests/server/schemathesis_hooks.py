@@ -90,6 +90,13 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         "manual submeshes are given for submesh_space 'manual' and must divide the cluster",
     ),
     CrossFieldRule(
+        (PLANS,),
+        r"at most one mesh axis may be -1|sharding names must be unique|the mesh axes' product "
+        r"\d+ is not the device count|give at least one of strategies, mesh_axes, shardings",
+        "shardings: one -1 per config, unique names, sizes that resolve on a submesh of the "
+        "cluster; some sharding to search",
+    ),
+    CrossFieldRule(
         (PLANS,), r"but the model was traced at micro-batch", "global batch vs the model's shape"
     ),
     CrossFieldRule(
