@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +30,7 @@ from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
 from planner.search import Proposal, search_schedule
 from planner.table import CostTable, Key, build_cost_table
+from planner.trainers import maxtext_search, maxtext_space
 from schemas import (
     ClusterSpec,
     ModelSpec,
@@ -157,54 +158,103 @@ class EstimateSearch:
         return sorted(found, key=lambda p: p.time)
 
     def next_round(self) -> list[Key]:
-        """The stages to measure next; empty when the search is done (see the module doc)."""
+        """The stages to measure next; empty when the search is done (see the module doc).
+        With `target: maxtext` the best MaxText plan (`planner.trainers.maxtext_space`) is
+        verified the same way, beside the unrestricted one."""
         if self.rounds >= MAX_ROUNDS:
             self.stopped = f"stopped after {MAX_ROUNDS} rounds"
             return []
         self.rounds += 1
         point = self.point_table()
-        ranked = self.proposals(self.optimistic_table(point))
-        if not ranked:
+        optimistic = self.optimistic_table(point)
+        ranked = self.proposals(optimistic)
+        restricted = self._maxtext_ranked(optimistic)
+        if not ranked and not restricted:
             self.stopped = "no plan is feasible on the estimates"
             return []
-        best = ranked[0]
-        wanted = self._unmeasured(best.keys)
+        wanted = self._to_verify([(p.time, p.keys) for p in ranked])
+        wanted += [k for k in self._to_verify(restricted) if k not in wanted]
         if not wanted:
             self.stopped = "the best plan is measured"
+            if self.options.target == "maxtext":
+                self.stopped = "the best plan and the best MaxText plan are measured"
             self.rounds -= 1  # this round measured nothing
             return []
-        limit = best.time * (1.0 + self.band())
-        cap = len(wanted) + NEW_PER_ROUND
-        for other in ranked[1:]:
-            if other.time > limit or len(wanted) >= cap:
-                break
-            wanted += [k for k in self._unmeasured(other.keys) if k not in wanted]
         costs = self.point_costs(point)
         for key in wanted:
             if key in costs:
                 self.estimated_at_choice[key] = costs[key]
         logger.info(
-            "round %d: best %.6g s (%d of %d stages unmeasured), measuring %d, band %.3f",
+            "round %d: best %.6g s, MaxText's %.6g s, measuring %d, band %.3f",
             self.rounds,
-            best.time,
-            len(self._unmeasured(best.keys)),
-            len(best.keys),
+            ranked[0].time if ranked else math.inf,
+            restricted[0][0] if restricted else math.inf,
             len(wanted),
             self.band(),
         )
         return wanted
+
+    def _to_verify(self, ranked: Sequence[tuple[float, list[Key]]]) -> list[Key]:
+        """The unmeasured stages of the fastest plan of `ranked` (time, stages; fastest
+        first) and, while it has any, of the plans within the band of it (a few more)."""
+        if not ranked:
+            return []
+        best_time, best_keys = ranked[0]
+        wanted = self._unmeasured(best_keys)
+        if not wanted:
+            return []
+        limit = best_time * (1.0 + self.band())
+        cap = len(wanted) + NEW_PER_ROUND
+        for time, keys in ranked[1:]:
+            if time > limit or len(wanted) >= cap:
+                break
+            wanted += [k for k in self._unmeasured(keys) if k not in wanted]
+        return wanted
+
+    def _maxtext_ranked(self, table: CostTable) -> list[tuple[float, list[Key]]]:
+        """The MaxText plans of `table` (target maxtext only), fastest first: their time and
+        the stages it rests on (chunks and the outside layers' one-layer stages)."""
+        if self.options.target != "maxtext":
+            return []
+        found = maxtext_space(
+            self.spec, self.cluster, self.space, table, self.options.num_microbatches
+        )
+        return [(c.time, found.keys_of(c)) for c in found.ranked]
 
     def _unmeasured(self, keys: Iterable[Key]) -> list[Key]:
         return [k for k in keys if k not in self.measured]
 
     def plan(self) -> Plan:
         """The plan: the fastest of measured stages; baselines and runner-up may hold
-        estimated stages (marked). Annotated with each stage's estimate and the summary."""
+        estimated stages (marked). Annotated with each stage's estimate and the summary.
+        The MaxText plan (target maxtext) is made of measured stages too."""
         point = self.point_table()
         plan = build_plan(self.spec, self.cluster, self.options, self.space, {}, table=point.table)
         if any(_key(st) not in self.measured for st in plan.stages):
             logger.info("the best plan on the estimates holds an unmeasured stage: measured only")
             plan = build_plan(self.spec, self.cluster, self.options, self.space, self.measured)
+        elif self.options.target == "maxtext" and self._unmeasured(
+            next(iter(self._maxtext_ranked(point.table)), (0.0, []))[1]
+        ):
+            logger.info("the best MaxText plan on the estimates holds an unmeasured stage")
+            measured = build_cost_table(
+                self.spec,
+                self.cluster,
+                self.space,
+                self.measured,
+                self.options.include_communication,
+            )
+            maxtext = maxtext_search(
+                self.spec,
+                self.cluster,
+                self.space,
+                measured,
+                self.options.num_microbatches,
+                plan.stages,
+                plan.predicted_iteration_time_s,
+                plan.schedule_name,
+            )
+            plan = plan.model_copy(update={"maxtext": maxtext})
         return self._annotate(plan, self.point_costs(point))
 
     def _annotate(self, plan: Plan, point: Mapping[Key, float]) -> Plan:

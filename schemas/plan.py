@@ -121,8 +121,9 @@ class PlanOptions(Frozen):
     target: TrainerName | None = Field(
         None,
         description="The trainer the plan is for: 'maxtext' adds the best plan MaxText can "
-        "run (uniform stages of the repeated blocks; it turns pruning off unless set); "
-        "'jaxpp' marks the plan for JaxPP.",
+        "run (uniform stages of the repeated blocks; the estimate search verifies it as it "
+        "verifies the unrestricted plan; with search 'prune' it turns pruning off unless "
+        "set); 'jaxpp' marks the plan for JaxPP.",
     )
     prune: bool = Field(
         True,
@@ -174,8 +175,14 @@ class PlanOptions(Frozen):
     @classmethod
     def _maxtext_measures_all(cls, data: Any) -> Any:
         """A MaxText plan needs the uniform stages, which pruning (judged against the
-        unrestricted plan) may skip: `target: maxtext` turns pruning off unless set."""
-        if isinstance(data, dict) and data.get("target") == "maxtext" and "prune" not in data:
+        unrestricted plan) may skip: `target: maxtext` with `search: prune` turns pruning
+        off unless set (the estimate search verifies MaxText's best plan itself)."""
+        if (
+            isinstance(data, dict)
+            and data.get("target") == "maxtext"
+            and data.get("search") == "prune"
+            and "prune" not in data
+        ):
             data = {**data, "prune": False}
         if isinstance(data, dict) and data.get("prune") is False and "search" not in data:
             data = {**data, "search": "exhaustive"}
