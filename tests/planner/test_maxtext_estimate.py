@@ -4,7 +4,12 @@ config, GPipe or circular, micro-batches a multiple of the stages; embedding and
 devices outside the pipeline).
 
 Every candidate's "true" result comes from a cost law; the search sees only what it asks to
-measure (the layer profiles first, then the stages each round asks for)."""
+measure (the layer profiles first, then the stages each round asks for). The MaxText settings
+answered obey MaxText's own constraints (`check_maxtext_constraints`), which
+`src/MaxText/configs/types.py` checks when pipelining, read at AI-Hypercomputer/maxtext
+@ 0035497a3061c509c853bdb5b8f3322e3cb7d696 (as at 1007fc2a): stages x repeats x layers per
+stage = pipeline_parallel_layers, micro-batches a multiple of the stages, and the product of
+the ici_* / dcn_* axes = the devices per host / the hosts."""
 
 import math
 
@@ -15,7 +20,7 @@ from planner.estimate import is_profiled
 from planner.table import Key
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
 from tests.planner.helpers import programless_chain_spec
-from tests.planner.trainer_helpers import check_maxtext_constraints
+from tests.planner.test_trainers import check_maxtext_constraints
 from tests.support.profiles import fake_profile
 
 COST = {"embed": 0.3e-3, "block": 1.0e-3, "head": 0.9e-3}

@@ -1,5 +1,16 @@
-"""The MaxText-restricted search and the trainer exports, on synthetic GPT-like tables
-(MaxText's own constraints: `tests.planner.trainer_helpers.check_maxtext_constraints`)."""
+"""The MaxText-restricted search and the trainer exports, on synthetic GPT-like tables.
+
+MaxText's constraints, as `src/MaxText/configs/types.py` (AI-Hypercomputer/maxtext @
+1007fc2aa8e1822c009ce5a57187880b74f000cd) checks them when pipelining:
+- num_stages = ici_pipeline_parallelism × dcn_pipeline_parallelism;
+- num_stages × num_pipeline_repeats × num_layers_per_pipeline_stage == pipeline_parallel_layers;
+- num_pipeline_microbatches > 0 and a multiple of num_stages;
+- the dcn_* product above 1 only with several slices (here: hosts);
+and the mesh (`ici_parallelism` / `dcn_parallelism` lists of the same file) covers the devices:
+the product of the ici_* keys is the devices per slice, of the dcn_* keys the slices.
+"""
+
+import math
 
 import pytest
 
@@ -15,7 +26,26 @@ from schemas.trainer_export import (
     maxtext_yaml,
 )
 from tests.planner.helpers import cluster
-from tests.planner.trainer_helpers import check_maxtext_constraints, gpt_plan, gpt_spec
+from tests.planner.trainer_helpers import gpt_plan, gpt_spec
+
+ICI = ("ici_pipeline_parallelism", "ici_data_parallelism", "ici_fsdp_parallelism")
+DCN = ("dcn_pipeline_parallelism", "dcn_data_parallelism", "dcn_fsdp_parallelism")
+
+
+def check_maxtext_constraints(settings: dict[str, int], hosts: int, per_host: int) -> None:
+    stages = settings["ici_pipeline_parallelism"] * settings["dcn_pipeline_parallelism"]
+    assert stages >= 2
+    assert (
+        stages * settings["num_pipeline_repeats"] * settings["num_layers_per_pipeline_stage"]
+        == settings["pipeline_parallel_layers"]
+    )
+    assert settings["num_pipeline_microbatches"] > 0
+    assert settings["num_pipeline_microbatches"] % stages == 0
+    ici = math.prod(settings[k] for k in ICI) * settings["ici_tensor_parallelism"]
+    dcn = math.prod(settings[k] for k in DCN)
+    assert ici == per_host and dcn == hosts
+    assert settings.get("remat_policy", "full") in ("full", "minimal")  # MaxText's names
+    assert all(isinstance(v, int) and v >= 1 for k, v in settings.items() if k != "remat_policy")
 
 
 @pytest.mark.parametrize(("blocks", "hosts", "per_host"), [(16, 1, 4), (16, 2, 4), (6, 1, 4)])
@@ -171,6 +201,7 @@ def test_maxtext_target_turns_pruning_off_only_for_the_prune_search() -> None:
     assert PlanOptions(target="maxtext", search="prune").search_mode == "exhaustive"
     assert PlanOptions(target="maxtext", search="prune", prune=True).search_mode == "prune"
     assert PlanOptions().prune is True and PlanOptions(target="jaxpp").prune is True
+    assert PlanOptions(target="jaxpp").search_mode == "estimate"
 
 
 def test_a_remat_variant_is_maxtexts_remat_policy_and_as_written_sets_none() -> None:

@@ -1,7 +1,4 @@
-"""A GPT-like synthetic model (embed, equal blocks, head), a measured table for it, and
-MaxText's own constraints on the settings of a plan made for it."""
-
-import math
+"""A GPT-like synthetic model (embed, equal blocks, head) and a measured table for it."""
 
 from planner import build_plan, enumerate_candidates
 from schemas import ModelSpec, Plan, PlanOptions
@@ -44,37 +41,3 @@ def gpt_plan(blocks: int, hosts: int, per_host: int, micro: int = 8, **options) 
             submesh, config, f, f, f, num_layers=key.end - key.start + 1
         )
     return build_plan(spec, clus, opts, space, results)
-
-
-ICI = ("ici_pipeline_parallelism", "ici_data_parallelism", "ici_fsdp_parallelism")
-DCN = ("dcn_pipeline_parallelism", "dcn_data_parallelism", "dcn_fsdp_parallelism")
-
-
-def check_maxtext_constraints(settings: dict[str, int | str], hosts: int, per_host: int) -> None:
-    """MaxText's constraints, as `src/MaxText/configs/types.py` checks them when pipelining
-    (AI-Hypercomputer/maxtext @ 0035497a3061c509c853bdb5b8f3322e3cb7d696, the same as
-    @ 1007fc2aa8e1822c009ce5a57187880b74f000cd):
-    - num_stages = ici_pipeline_parallelism × dcn_pipeline_parallelism;
-    - num_stages × num_pipeline_repeats × num_layers_per_pipeline_stage ==
-      pipeline_parallel_layers;
-    - num_pipeline_microbatches > 0 and a multiple of num_stages;
-    - the dcn_* product above 1 only with several slices (here: hosts);
-    and the mesh (the `ici_parallelism` / `dcn_parallelism` lists of the same file) covers
-    the devices: the product of the ici_* keys is the devices per slice, of the dcn_* keys
-    the slices."""
-    ints = {k: v for k, v in settings.items() if isinstance(v, int)}
-    stages = ints["ici_pipeline_parallelism"] * ints["dcn_pipeline_parallelism"]
-    assert stages >= 2
-    assert (
-        stages * ints["num_pipeline_repeats"] * ints["num_layers_per_pipeline_stage"]
-        == ints["pipeline_parallel_layers"]
-    )
-    assert ints["num_pipeline_microbatches"] > 0
-    assert ints["num_pipeline_microbatches"] % stages == 0
-    ici = math.prod(ints[k] for k in ICI) * ints["ici_tensor_parallelism"]
-    dcn = math.prod(ints[k] for k in DCN)
-    assert ici == per_host and dcn == hosts
-    assert dcn == 1 or hosts > 1
-    assert settings.get("remat_policy", "full") in ("full", "minimal")  # MaxText's names
-    assert all(v >= 1 for v in ints.values())
-    assert set(settings) - set(ints) <= {"remat_policy"}
