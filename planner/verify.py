@@ -26,9 +26,10 @@ import numpy as np
 from planner.candidates import CandidateSpace
 from planner.estimate import StageEstimator, is_profiled, relative_error
 from planner.estimate_table import EstimatedTable, estimated_table
+from planner.outside import search_with_outside
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
-from planner.search import Proposal, search_schedule
+from planner.search import Proposal
 from planner.table import CostTable, Key, build_cost_table
 from planner.trainers import maxtext_search, maxtext_space
 from schemas import (
@@ -145,14 +146,16 @@ class EstimateSearch:
         names = AUTO_ORDER if self.options.schedule == "auto" else (self.options.schedule,)
         found: list[Proposal] = []
         for name in names:
-            search = search_schedule(
+            search = search_with_outside(
                 name,
+                self.spec,
                 table,
                 self.space,
                 self.cluster.num_devices,
                 self.options.num_microbatches,
                 ranks,
                 self.options.virtual_stages,
+                self.options.allows_outside,
             )
             found.extend(search.ranked)
         return sorted(found, key=lambda p: p.time)
@@ -172,7 +175,7 @@ class EstimateSearch:
         if not ranked and not restricted:
             self.stopped = "no plan is feasible on the estimates"
             return []
-        wanted = self._to_verify([(p.time, p.keys) for p in ranked])
+        wanted = self._to_verify([(p.time, [*p.keys, *p.outside]) for p in ranked])
         wanted += [k for k in self._to_verify(restricted) if k not in wanted]
         if not wanted:
             self.stopped = "the best plan is measured"
@@ -230,7 +233,7 @@ class EstimateSearch:
         The MaxText plan (target maxtext) is made of measured stages too."""
         point = self.point_table()
         plan = build_plan(self.spec, self.cluster, self.options, self.space, {}, table=point.table)
-        if any(_key(st) not in self.measured for st in plan.stages):
+        if any(_key(st) not in self.measured for st in [*plan.stages, *plan.outside]):
             logger.info("the best plan on the estimates holds an unmeasured stage: measured only")
             plan = build_plan(self.spec, self.cluster, self.options, self.space, self.measured)
         elif self.options.target == "maxtext" and self._unmeasured(
@@ -274,11 +277,14 @@ class EstimateSearch:
 
         runner_up = plan.runner_up
         if runner_up is not None:
-            runner_up = runner_up.model_copy(update={"stages": mark(runner_up.stages)})
+            runner_up = runner_up.model_copy(
+                update={"stages": mark(runner_up.stages), "outside": mark(runner_up.outside)}
+            )
         baselines = [b.model_copy(update={"stages": mark(b.stages)}) for b in plan.baselines]
         return plan.model_copy(
             update={
                 "stages": mark(plan.stages),
+                "outside": mark(plan.outside),
                 "runner_up": runner_up,
                 "baselines": baselines,
                 "search": self.summary(point),
