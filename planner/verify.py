@@ -65,6 +65,9 @@ class EstimateSearch:
     estimated_at_choice: dict[Key, float] = field(default_factory=dict)
     rounds: int = 0
     stopped: str = ""
+    # stages the job decided not to measure (e.g. remat variants where memory is ample):
+    # neither estimated nor planned with
+    skipped: set[Key] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         classes: dict[str, int] = {}
@@ -100,8 +103,12 @@ class EstimateSearch:
             return max(PRIOR_BAND, max(errors, default=0.0))
         return max(MIN_BAND, float(np.quantile(errors, 0.75)))
 
+    def skip(self, keys: Iterable[Key]) -> None:
+        """Stages the job will not measure: never estimated, so never asked for."""
+        self.skipped.update(keys)
+
     def candidates(self) -> set[Key]:
-        return {k.as_tuple() for k in self.space.keys}
+        return {k.as_tuple() for k in self.space.keys} - self.skipped
 
     def point_table(self) -> EstimatedTable:
         """Measured results and every other candidate's estimate, as a cost table."""
@@ -109,7 +116,11 @@ class EstimateSearch:
             self.spec, self.cluster, self.space, self.measured, self.options.include_communication
         )
         return estimated_table(
-            self.estimator, measured, self.candidates(), self.spec.num_layers, self.scaled
+            self.estimator,
+            measured,
+            self.candidates(),
+            self.spec.num_layers,
+            frozenset(self.scaled - self.skipped),
         )
 
     def point_costs(self, point: EstimatedTable | None = None) -> dict[Key, float]:
