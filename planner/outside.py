@@ -13,6 +13,7 @@ devices (as in the MaxText search, `planner.trainers`). A plan with layers outsi
 
 import dataclasses
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -23,7 +24,7 @@ from planner.candidates import CandidateSpace
 from planner.search import ScheduleSearch, search_schedule
 from planner.table import CostTable, Key
 from planner.trainers import block_run
-from schemas import ModelSpec, StageKey
+from schemas import ModelSpec, StageKey, StageProfileResult
 
 G = TypeVar("G", bound=np.generic)
 
@@ -118,7 +119,7 @@ def pipeline_table(table: CostTable, first: int, last: int) -> CostTable:
         comm_forward=cut(table.comm_forward),
         comm_backward=cut(table.comm_backward),
         max_n_succ_stages=cut(table.max_n_succ_stages),
-        results={moved(k): r for k, r in table.results.items() if inside(k)},
+        results=_Shifted(table.results, first, last),
         statuses={moved(k): s for k, s in table.statuses.items() if inside(k)},
         input_grad=cut(table.input_grad),
         weight_grad=cut(table.weight_grad),
@@ -128,6 +129,28 @@ def pipeline_table(table: CostTable, first: int, last: int) -> CostTable:
         fixed_bytes=cut(table.fixed_bytes),
         available=cut(table.available),
     )
+
+
+class _Shifted(Mapping[Key, StageProfileResult]):
+    """The results of layers `first..last`, keyed from 0, read when asked for (an estimated
+    table makes its results lazily)."""
+
+    def __init__(self, results: Mapping[Key, StageProfileResult], first: int, last: int):
+        self._results, self._first, self._last = results, first, last
+
+    def __getitem__(self, key: Key) -> StageProfileResult:
+        a, b, m, c = key
+        if not 0 <= a <= b <= self._last - self._first:
+            raise KeyError(key)
+        return self._results[(a + self._first, b + self._first, m, c)]
+
+    def __iter__(self) -> Iterator[Key]:
+        for a, b, m, c in self._results:
+            if self._first <= a and b <= self._last:
+                yield (a - self._first, b - self._first, m, c)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def search_with_outside(

@@ -245,7 +245,8 @@ def _option(
         peak_memory=int(max(best.memory)),
         dp_cost_s=best.proxy,
         search_seconds=search.seconds,
-        layout=stage_layout([planned_stage(spec, space, table, k) for k in best.keys]),
+        layout=stage_layout([planned_stage(spec, space, table, k) for k in best.keys])
+        + "".join(f" · {k[0]} outside on all devices" for k in best.outside),
         chosen=chosen,
     )
 
