@@ -138,8 +138,14 @@ def main(argv: list[str] | None = None) -> int:
             run = common.run_job(
                 sessions, spec, cluster, setups[name], RunnerConfig(num_workers=args.workers)
             )
-            common.logger.warning("%s run %d: %.1f s", name, k + 1, time.perf_counter() - began)
             runs[name].append(summarize(run))
+            common.logger.warning(
+                "%s run %d: %.1f s, %s",
+                name,
+                k + 1,
+                time.perf_counter() - began,
+                common.json_text(runs[name][-1]),
+            )
     rows = {name: min(r, key=lambda x: x["wall_s"]) for name, r in runs.items()}
     report(args, rows, runs)
     return 0 if all(x["status"] == "done" for r in runs.values() for x in r) else 1
