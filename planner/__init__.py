@@ -20,7 +20,7 @@ from planner.estimate import (
 from planner.outside import with_layers_outside
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
-from planner.remat import remat_worth_measuring, room_needed
+from planner.remat import as_written_sibling, remat_worth_measuring, room_needed
 from planner.runner_up import runner_up_dp
 from planner.schedule import SCHEDULES, Schedule, simulate, simulate_1f1b
 from planner.search import ScheduleSearch, search_schedule
@@ -28,6 +28,7 @@ from planner.table import CostTable, build_cost_table
 from planner.verify import EstimateSearch
 
 __all__ = [
+    "as_written_sibling",
     "CandidateSpace",
     "CostTable",
     "DPResult",

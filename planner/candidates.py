@@ -3,7 +3,7 @@
 import logging
 from dataclasses import dataclass
 
-from planner.choices import config_choices, submesh_choices
+from planner.choices import all_config_choices, submesh_choices
 from schemas import (
     REMAT_VARIANTS,
     ClusterSpec,
@@ -106,9 +106,7 @@ def enumerate_candidates(
         [
             c.model_copy(update={"remat": r})
             for r in remats
-            for c in config_choices(
-                s, spec.micro_batch_size, options.config_space, options.strategies
-            )
+            for c in all_config_choices(s, spec.micro_batch_size, options, spec.mesh_facts)
         ]
         for s in submeshes
     ]

@@ -3,7 +3,8 @@
 import logging
 from collections.abc import Sequence
 
-from schemas import ShardingConfig, StrategyName, SubmeshShape
+from schemas import PlanOptions, ShardingConfig, StrategyName, SubmeshShape
+from schemas.sharding import MeshFacts, ShardingStrategy, fill_mesh_axes, mesh_points, resolve_rules
 
 logger = logging.getLogger(__name__)
 
@@ -136,3 +137,68 @@ def config_choices(
             options = {"force_batch_dim_to_mesh_dim": 0} if name == "data" else {}
             configs.append(ShardingConfig(logical_mesh=(dp, tp), strategy=name, options=options))
     return configs
+
+
+def _space_allows(tensor: int, per_host: int, space: str) -> bool:
+    """Alpa's config spaces on a mesh point: tensor as its `tp`."""
+    if space == "data_parallel_only":
+        return tensor == 1
+    if space == "single_node_model_parallel":
+        return tensor <= per_host
+    return True
+
+
+def _one_device_has_data(num_devices: int, options: PlanOptions) -> bool:
+    return num_devices == 1 and "data" in options.strategies
+
+
+def mesh_configs(
+    submesh: tuple[int, int] | SubmeshShape,
+    micro_batch_size: int,
+    options: PlanOptions,
+    facts: MeshFacts = MeshFacts(),
+) -> list[ShardingConfig]:
+    """The mesh-axes configs of a submesh, after `config_choices`' strategies: every mesh
+    point of `options.mesh_axes` (`schemas.sharding.mesh_points`) under `options.mesh_rules`,
+    then each of the user's `options.shardings` whose sizes resolve on the submesh. `facts`:
+    the model's (context only with a sequence, expert only with experts). On one device,
+    where nothing is split, the mesh point is left out when today's `data` is there."""
+    hosts, per_host = _as_tuple(submesh)
+    configs = []
+    if options.mesh_axes and not _one_device_has_data(hosts * per_host, options):
+        rules = ShardingStrategy(
+            name=options.mesh_rules if isinstance(options.mesh_rules, str) else "rules",
+            mesh_axes={},
+            rules=resolve_rules(options.mesh_rules),
+        )
+        for sizes in mesh_points(
+            hosts,
+            per_host,
+            micro_batch_size,
+            options.mesh_axes,
+            options.tensor_across_hosts,
+            facts,
+        ):
+            if _space_allows(sizes["tensor"], per_host, options.config_space):
+                configs.append(ShardingConfig.from_strategy(rules, sizes))
+    for strategy in options.shardings:
+        if strategy.fits(hosts * per_host):
+            sizes = fill_mesh_axes(strategy.mesh_axes, hosts * per_host)
+            configs.append(ShardingConfig.from_strategy(strategy, sizes))
+    return configs
+
+
+def all_config_choices(
+    submesh: tuple[int, int] | SubmeshShape,
+    micro_batch_size: int,
+    options: PlanOptions,
+    facts: MeshFacts = MeshFacts(),
+) -> list[ShardingConfig]:
+    """Every config of a submesh: today's strategies (`config_choices`), then the mesh-axes
+    configs (`mesh_configs`); the list index is the `config_id`."""
+    legacy = (
+        config_choices(submesh, micro_batch_size, options.config_space, options.strategies)
+        if options.strategies
+        else []
+    )
+    return legacy + mesh_configs(submesh, micro_batch_size, options, facts)

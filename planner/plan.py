@@ -5,6 +5,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -16,7 +17,13 @@ from planner.errors import NoFeasiblePlan
 from planner.outside import search_with_outside
 from planner.remat import memory_misses
 from planner.search import Proposal, ScheduleSearch
-from planner.stability import assess, plan_cost_spread, relative_gap
+from planner.stability import (
+    OtherPlan,
+    assess,
+    plan_cost_spread,
+    relative_gap,
+    runner_up_among,
+)
 from planner.stages import planned_stage
 from planner.table import CostTable, Key, build_cost_table
 from planner.trainers import maxtext_search
@@ -51,7 +58,10 @@ def manual_stage_option(stages: list[PlannedStage]) -> ManualStageOption:
 def config_key(config: ShardingConfig) -> tuple[tuple[int, int], str, str]:
     """What a config is, for the DP's tie order: logical mesh, strategy, options (as JSON)."""
     dp, tp = config.logical_mesh
-    return ((dp, tp), config.strategy, json.dumps(config.options, sort_keys=True, default=str))
+    what: Any = config.options
+    if config.mesh_axes is not None:  # mesh-axes configs of one (dp, tp) differ by their axes
+        what = {"options": config.options, "mesh_axes": config.mesh_axes, "rules": config.rules}
+    return ((dp, tp), config.strategy, json.dumps(what, sort_keys=True, default=str))
 
 
 def config_ranks(space: CandidateSpace) -> NDArray[np.int64]:
@@ -103,8 +113,9 @@ def build_plan(
     `options.schedule`: one schedule, or `auto`: every one, the fastest in simulated time
     answering (ties: 1f1b, gpipe, zb-h1, interleaved) and all of them shown side by side
     (`Plan.schedules`). Each search proposes its best plans under its schedule's objective
-    and memory rule and the simulator re-ranks them (`planner.search`); the next one is the
-    runner-up, never faster in simulated time. Missing or failed candidates are infeasible;
+    and memory rule and the simulator re-ranks them (`planner.search`); the runner-up is the
+    fastest other plan of any schedule or baseline (`planner.stability.runner_up_among`),
+    never faster in simulated time. Missing or failed candidates are infeasible;
     with `options.include_communication` the stage times include activation transfers. Adds
     the baselines (1F1B), the `ManualStageOption` export (not for interleaved: Alpa has no
     form for chunks sharing devices) and the stability verdict (the
@@ -140,16 +151,21 @@ def build_plan(
         )
     stages = _stages(spec, space, table, chosen.name, best)
     spread = plan_cost_spread(table, best.keys, micro)
+    baselines = baseline_plans(spec, space, table, num_devices, micro)
     runner_up = None
-    if len(chosen.ranked) > 1:
-        other = chosen.ranked[1]
+    other = runner_up_among(table, searches, OtherPlan(chosen.name, best), baselines, micro)
+    if other is not None:
+        prop = other.proposal
         runner_up = RunnerUpPlan(
-            dp_cost_s=other.proxy,
-            gap=relative_gap(best.time, other.time),
-            cost_spread=plan_cost_spread(table, other.keys, micro),
-            predicted_iteration_time_s=other.time,
-            stages=_stages(spec, space, table, chosen.name, other),
-            outside=[planned_stage(spec, space, table, k) for k in other.outside],
+            dp_cost_s=prop.proxy,
+            gap=relative_gap(best.time, prop.time),
+            cost_spread=plan_cost_spread(table, prop.keys, micro),
+            predicted_iteration_time_s=prop.time,
+            stages=_stages(spec, space, table, other.schedule, prop),
+            schedule_name=other.schedule,  # type: ignore[arg-type]
+            virtual_stages=prop.virtual_stages,
+            baseline=other.baseline,
+            outside=[planned_stage(spec, space, table, k) for k in prop.outside],
         )
     noise = max(spread, runner_up.cost_spread) if runner_up else spread
     other_time = runner_up.predicted_iteration_time_s if runner_up else None
@@ -166,7 +182,7 @@ def build_plan(
         bubble_fraction=best.schedule.bubble_fraction,
         dp_wall_seconds=search_seconds,
         include_communication=options.include_communication,
-        baselines=baseline_plans(spec, space, table, num_devices, micro),
+        baselines=baselines,
         schedule=best.schedule.events,
         # Alpa replays one stage per submesh: an interleaved plan's chunks, or layers run
         # outside the pipeline, have no such form.

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from planner.candidates import CandidateSpace
 from planner.dp import training_dp
 from planner.table import CostTable, Key
-from schemas import PlanOptions, ProfileStatus, StageProfileResult
+from schemas import ClusterSpec, PlanOptions, ProfileStatus, StageProfileResult
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 
@@ -60,14 +60,15 @@ def remat_worth_measuring(
     space: CandidateSpace,
     results: Mapping[Key, StageProfileResult],
     num_layers: int,
-    num_devices: int,
+    cluster: ClusterSpec,
     options: PlanOptions,
 ) -> bool:
     """Whether a candidate is worth measuring as far as remat goes: every as-written one is;
-    a variant when its as-written sibling ran out of memory or has no room (see the module
-    doc). Call it once the as-written stages are settled: a sibling without a result was
-    pruned (it cannot be in a better plan, and the variant, recomputing, takes no less), and
-    one that failed otherwise (compile error...) rules the variant out too."""
+    a variant when its as-written sibling ran out of memory or has no room on `cluster`'s
+    devices (see the module doc; a sibling another job measured is judged on this job's
+    device memory). Call it once the as-written stages are settled: a sibling without a
+    result was pruned (it cannot be in a better plan, and the variant, recomputing, takes no
+    less), and one that failed otherwise (compile error...) rules the variant out too."""
     sibling = as_written_sibling(space, key)
     if sibling is None:
         return True
@@ -78,8 +79,9 @@ def remat_worth_measuring(
         return True
     if not result.ok:
         return False
-    need = room_needed(key, space, num_layers, num_devices, options)
-    return result.max_n_succ_stages < need
+    need = room_needed(key, space, num_layers, cluster.num_devices, options)
+    room = result.for_device_memory(cluster.device_memory_bytes).max_n_succ_stages
+    return room < need
 
 
 def memory_misses(

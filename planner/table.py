@@ -103,7 +103,11 @@ def build_cost_table(
     results: Mapping[Key, StageProfileResult] | Mapping[StageKey, StageProfileResult],
     include_communication: bool = False,
 ) -> CostTable:
-    """Lay the results out as arrays; a missing or failed candidate is infeasible (inf)."""
+    """Lay the results out as arrays; a missing or failed candidate is infeasible (inf).
+
+    Each result is seen as this job's devices see it (`for_device_memory` of the cluster's
+    device memory): a stored measurement of another job is judged against this job's memory.
+    """
     num_layers, num_submeshes = spec.num_layers, len(space.submeshes)
     shape = (num_layers, num_layers, num_submeshes, space.max_configs)
     forward = np.full(shape, np.inf)
@@ -118,6 +122,7 @@ def build_cost_table(
     statuses: dict[Key, str] = {}
     for raw_key, result in results.items():
         key = _as_key(raw_key)
+        result = result.for_device_memory(cluster.device_memory_bytes)
         start, end, m, c = key
         if not (0 <= start <= end < num_layers) or not (0 <= m < num_submeshes):
             raise ValueError(f"result key {key} is outside the candidate space")

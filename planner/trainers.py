@@ -20,6 +20,11 @@ from planner.search import schedule_memory, simulate_keys
 from planner.table import CostTable, Key
 from schemas import ClusterSpec, ModelSpec, PlannedStage, ShardingConfig, SubmeshShape
 from schemas.plan import MaxTextPlan
+from schemas.sharding import MESH_AXES, axes_label
+
+# Our mesh axes in MaxText's `mesh_axes` order; each is MaxText's `ici_<axis>_parallelism` /
+# `dcn_<axis>_parallelism` (src/maxtext/configs/base.yml, AI-Hypercomputer/maxtext @ e591f30).
+MAXTEXT_AXES = ("data", "fsdp", "context", "tensor", "expert")
 
 
 def block_run(spec: ModelSpec) -> tuple[int, int] | None:
@@ -59,29 +64,31 @@ def maxtext_remat(config: ShardingConfig) -> dict[str, str]:
 def maxtext_parallelism(
     submesh: SubmeshShape, config: ShardingConfig, cluster: ClusterSpec
 ) -> dict[str, int] | str:
-    """The `ici_*` / `dcn_*` MaxText keys of uniform stages on `submesh` with `config`
-    (hosts as DCN slices, devices per host as ICI); a string saying why when not expressible."""
+    """The `ici_*` / `dcn_*` MaxText keys of uniform stages on `submesh` with `config`, from
+    the mesh axes the stages were measured on (`ShardingConfig.axis_sizes`; today's
+    strategies are points of that space): hosts are DCN slices, devices per host ICI. A stage
+    on several hosts splits its outermost axes over them, as its mesh lays devices out
+    (`schemas.sharding.MESH_AXES`, data first); a string says why when not expressible."""
     hosts, per_host = cluster.num_hosts, cluster.devices_per_host
-    dp, tp = config.logical_mesh
     h, d = submesh.as_tuple()
     if (h == 1 and per_host % d) or (h > 1 and (d != per_host or hosts % h)):
         return f"the {h}x{d} submesh does not tile the {hosts}x{per_host} devices as MaxText's mesh"
-    if h == 1:
-        ici_pipe, dcn_pipe, dcn_dp, ici_dp = per_host // d, hosts, 1, dp
-    else:
-        if dp % h:
-            return f"its {dp}-way data axis does not split over {h} hosts"
-        ici_pipe, dcn_pipe, dcn_dp, ici_dp = 1, hosts // h, h, dp // h
-    fsdp = config.strategy == "fsdp"
-    return {
-        "ici_pipeline_parallelism": ici_pipe,
-        "dcn_pipeline_parallelism": dcn_pipe,
-        "ici_data_parallelism": 1 if fsdp else ici_dp,
-        "ici_fsdp_parallelism": ici_dp if fsdp else 1,
-        "ici_tensor_parallelism": tp,
-        "dcn_data_parallelism": 1 if fsdp else dcn_dp,
-        "dcn_fsdp_parallelism": dcn_dp if fsdp else 1,
+    sizes = config.axis_sizes
+    dcn = dict.fromkeys(MESH_AXES, 1)
+    left = h
+    for axis in MESH_AXES:
+        dcn[axis] = math.gcd(sizes[axis], left)
+        left //= dcn[axis]
+    if left != 1:
+        return f"its mesh axes {axes_label(sizes)} do not split over {h} hosts"
+    settings = {
+        "ici_pipeline_parallelism": per_host // d if h == 1 else 1,
+        "dcn_pipeline_parallelism": hosts if h == 1 else hosts // h,
     }
+    for axis in MAXTEXT_AXES:
+        settings[f"ici_{axis}_parallelism"] = sizes[axis] // dcn[axis]
+        settings[f"dcn_{axis}_parallelism"] = dcn[axis]
+    return settings
 
 
 @dataclass(frozen=True)

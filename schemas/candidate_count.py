@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from schemas.cluster import ClusterSpec, StrategyName
 from schemas.plan import PlanOptions
+from schemas.sharding import MeshFacts, mesh_points
 
 SMALL_POWER_OF_TWO_MAX_HOSTS = 4
 
@@ -92,6 +93,34 @@ def config_count(
     return count
 
 
+def mesh_config_count(
+    hosts: int,
+    devices_per_host: int,
+    micro_batch_size: int,
+    options: PlanOptions,
+    facts: MeshFacts = MeshFacts(),
+) -> int:
+    """Mesh-axes configs of one submesh (`planner.choices.mesh_configs`, counted)."""
+    count = 0
+    one_device_data = hosts * devices_per_host == 1 and "data" in options.strategies
+    if options.mesh_axes and not one_device_data:
+        for p in mesh_points(
+            hosts,
+            devices_per_host,
+            micro_batch_size,
+            options.mesh_axes,
+            options.tensor_across_hosts,
+            facts,
+        ):
+            tensor = p["tensor"]
+            if options.config_space == "data_parallel_only" and tensor != 1:
+                continue
+            if options.config_space == "single_node_model_parallel" and tensor > devices_per_host:
+                continue
+            count += 1
+    return count + sum(s.fits(hosts * devices_per_host) for s in options.shardings)
+
+
 def _keep(
     range_flops: float, total: float, n: int, cluster_n: int, tol: float
 ) -> tuple[bool, bool]:
@@ -135,6 +164,7 @@ def count_candidates(
     micro_batch_size: int,
     layer_flops: Sequence[float] | None = None,
     remat_choices: int = 1,
+    facts: MeshFacts | None = None,
 ) -> CandidateCount:
     """The number of stage candidates `planner.enumerate_candidates` makes.
 
@@ -142,7 +172,9 @@ def count_candidates(
     (`planner.remat_choices`; 1 when the spec carries none).
 
     `layer_flops` (one per layer) applies `options.layer_imbalance_tolerance`; without them
-    the count is an upper bound when a tolerance is set.
+    the count is an upper bound when a tolerance is set. `facts`: the model's
+    (`ModelSpec.mesh_facts`); without them, mesh-axes configs with context or expert are
+    counted as if the model had both (an upper bound).
     """
     tolerance = options.layer_imbalance_tolerance
     prefix: list[float] | None = None
@@ -157,8 +189,11 @@ def count_candidates(
         cluster.num_hosts, cluster.devices_per_host, options.submesh_space, options.manual_submeshes
     ):
         n = hosts * per_host
-        configs = remat_choices * config_count(
-            hosts, per_host, micro_batch_size, options.config_space, options.strategies
+        configs = remat_choices * (
+            config_count(
+                hosts, per_host, micro_batch_size, options.config_space, options.strategies
+            )
+            + mesh_config_count(hosts, per_host, micro_batch_size, options, facts or MeshFacts())
         )
         if n == cluster_n:
             ranges = 1
@@ -170,4 +205,6 @@ def count_candidates(
             ranges = all_ranges
         per_submesh.append(ranges * configs)
     exact = tolerance is None or prefix is not None
+    if facts is None and {"context", "expert"} & set(options.mesh_axes or []):
+        exact = False
     return CandidateCount(total=sum(per_submesh), exact=exact, per_submesh=tuple(per_submesh))

@@ -1,11 +1,22 @@
 """The cluster, its submeshes, sharding configs and stage candidate keys."""
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from schemas.base import TEXT_PATTERN, Frozen
 from schemas.limits import MAX_DEVICE_MEMORY_BYTES, MIN_DEVICE_MEMORY_BYTES
+from schemas.sharding import (
+    LEGACY_DP_AXIS,
+    LEGACY_RULES,
+    MESH_AXES,
+    STRATEGY_NAME_PATTERN,
+    Rules,
+    ShardingStrategy,
+    axes_label,
+    rule_errors,
+)
 
 # The remat variants a stage can run under ("as_written": the layers as traced).
 REMAT_VARIANTS = ("full", "dots")
@@ -112,15 +123,26 @@ class SubmeshShape(Frozen):
 
 
 class ShardingConfig(Frozen):
-    """A logical mesh `(dp, tp)` of a submesh plus a named sharding strategy.
+    """How a stage uses its submesh: a size per named mesh axis and a logical-axis rule table
+    (`schemas.sharding`), plus the remat variant its layers run under.
 
-    Alpa calls this an auto-sharding config, e.g. ``((2, 1), {"force_batch_dim_to_mesh_dim": 0})``.
+    Today's strategies leave `mesh_axes` and `rules` out: `logical_mesh` `(dp, tp)` and
+    `strategy` (`data`, `megatron`, `fsdp`) stand for the point of the space they are
+    (`LEGACY_RULES`), and their stored rows and fingerprints stay as they were. A config of the
+    mesh-axes space carries both; its `logical_mesh` is `(devices / tensor, tensor)`, for the
+    tables that show `(dp, tp)`. Alpa calls this an auto-sharding config, e.g.
+    ``((2, 1), {"force_batch_dim_to_mesh_dim": 0})``.
     """
 
     logical_mesh: tuple[int, int] = Field(
-        description="Logical mesh shape (dp, tp): sizes of the 'data' and 'model' axes."
+        description="Logical mesh shape (dp, tp): for today's strategies the sizes of the "
+        "'data' and 'model' axes; for a mesh-axes config (devices / tensor, tensor)."
     )
-    strategy: StrategyName = Field(description="How parameters and batch are laid on the mesh.")
+    strategy: str = Field(
+        description="The strategy's name: data, megatron or fsdp, or the rule table's name "
+        "of a mesh-axes config (e.g. 'maxtext').",
+        json_schema_extra={"pattern": STRATEGY_NAME_PATTERN},
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Strategy options, kept as given (JSON values)."
     )
@@ -129,6 +151,16 @@ class ShardingConfig(Frozen):
         description="Remat variant every layer of the stage runs under: as_written (the "
         "programs as traced), full or dots (the layer's exported remat variants).",
         json_schema_extra={"enum": list(REMAT_CHOICES)},
+    )
+    mesh_axes: dict[str, int] | None = Field(
+        None,
+        description="Size of every mesh axis (data, fsdp, context, expert, tensor; product = "
+        "the submesh's devices); null for today's strategies.",
+    )
+    rules: Rules | None = Field(
+        None,
+        description="Logical axis name -> mesh axes (schemas.sharding); null for today's "
+        "strategies.",
     )
 
     @field_validator("remat")
@@ -145,13 +177,79 @@ class ShardingConfig(Frozen):
             raise ValueError(f"mesh axes must be >= 1, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _one_form(self) -> "ShardingConfig":
+        if (self.mesh_axes is None) != (self.rules is None):
+            raise ValueError(
+                "mesh_axes and rules come together (or neither, for data/megatron/fsdp)"
+            )
+        if self.mesh_axes is None:
+            if self.strategy not in LEGACY_RULES:
+                raise ValueError(
+                    f"strategy {self.strategy!r} needs mesh_axes and rules; without them use "
+                    f"one of {list(LEGACY_RULES)}"
+                )
+            return self
+        if sorted(self.mesh_axes) != sorted(MESH_AXES) or any(
+            s < 1 for s in self.mesh_axes.values()
+        ):
+            raise ValueError(f"mesh_axes must give every axis of {list(MESH_AXES)} a size >= 1")
+        errors = rule_errors(self.rules or {})
+        if errors:
+            raise ValueError("; ".join(errors))
+        tensor = self.mesh_axes["tensor"]
+        n = math.prod(self.mesh_axes.values())
+        if self.logical_mesh != (n // tensor, tensor):
+            raise ValueError(
+                f"logical_mesh must be (devices / tensor, tensor) = {(n // tensor, tensor)}"
+            )
+        return self
+
+    @classmethod
+    def from_strategy(
+        cls, strategy: ShardingStrategy, sizes: dict[str, int], **kw: Any
+    ) -> "ShardingConfig":
+        """The config of `strategy` with its axes resolved to `sizes` (every mesh axis)."""
+        tensor = sizes["tensor"]
+        return cls(
+            logical_mesh=(math.prod(sizes.values()) // tensor, tensor),
+            strategy=strategy.name,
+            mesh_axes={a: int(sizes[a]) for a in MESH_AXES},
+            rules={k: tuple(v) for k, v in strategy.rules.items()},
+            **kw,
+        )
+
     @property
     def num_devices(self) -> int:
         return self.logical_mesh[0] * self.logical_mesh[1]
 
-    def label(self) -> str:
+    @property
+    def is_legacy(self) -> bool:
+        """Whether it is one of today's strategies in their stored form."""
+        return self.mesh_axes is None
+
+    @property
+    def axis_sizes(self) -> dict[str, int]:
+        """Every mesh axis's size (today's strategies: dp on data, or fsdp for `fsdp`; tp on
+        tensor)."""
+        if self.mesh_axes is not None:
+            return dict(self.mesh_axes)
         dp, tp = self.logical_mesh
+        sizes = dict.fromkeys(MESH_AXES, 1)
+        sizes[LEGACY_DP_AXIS[self.strategy]] = dp
+        sizes["tensor"] = tp
+        return sizes
+
+    @property
+    def layout_rules(self) -> Rules:
+        """The rule table it lays arrays out by."""
+        return dict(self.rules) if self.rules is not None else dict(LEGACY_RULES[self.strategy])
+
+    def label(self) -> str:
         remat = "" if self.remat == "as_written" else f"+remat:{self.remat}"
+        if self.mesh_axes is not None:
+            return f"{axes_label(self.mesh_axes)}/{self.strategy}{remat}"
+        dp, tp = self.logical_mesh
         return f"{dp}x{tp}/{self.strategy}{remat}"
 
 

@@ -17,6 +17,7 @@ from pydantic.config import JsonDict
 
 from schemas.base import TEXT_PATTERN, Frozen
 from schemas.cluster import DTYPE_BYTES, FLOAT_DTYPES, REMAT_CHOICES, REMAT_VARIANTS
+from schemas.sharding import MeshFacts
 
 MAX_LAYERS = 1024
 MAX_RANK = 8
@@ -100,12 +101,13 @@ class VarSpec(Frozen):
 
 
 class ParamSpec(VarSpec):
-    """A trainable parameter, optionally with logical axis names (for megatron sharding)."""
+    """A trainable parameter, optionally with logical axis names (for the sharding rules)."""
 
     logical_axes: tuple[str | None, ...] | None = Field(
         None,
-        description="One logical name per dim (e.g. ('embed', 'mlp')) or null; "
-        "'mlp', 'heads', 'vocab', 'experts' split on the model axis.",
+        description="One logical name per dim (e.g. ('embed', 'mlp')) or null; a sharding "
+        "config's rules split each named dim over mesh axes (MaxText's: embed on fsdp, "
+        "mlp/heads/vocab on tensor, experts on expert); null: a structural fallback.",
         json_schema_extra={
             "anyOf": [
                 {
@@ -342,6 +344,14 @@ class ModelSpec(Frozen):
             for layer in self.layers
         ]
         return self.model_copy(update={"layers": layers})
+
+    @property
+    def mesh_facts(self) -> MeshFacts:
+        """Whether it has a sequence dim and expert parameters (for the mesh-axes search)."""
+        return MeshFacts.of(
+            [(v.shape, v.dtype) for v in self.inputs],
+            (p.logical_axes for layer in self.layers for p in layer.params),
+        )
 
     @property
     def micro_batch_size(self) -> int:

@@ -16,6 +16,7 @@ from schemas.cluster import (
 )
 from schemas.limits import MAX_MANUAL_SUBMESHES
 from schemas.model import ModelSpec
+from schemas.sharding import MeshAxisName, Rules, ShardingStrategy, check_rule_table
 from schemas.zoo_sizes import ZOO_SIZES
 
 SubmeshSpace = Literal["power_of_two", "small_power_of_two", "all", "manual"]
@@ -70,9 +71,33 @@ class PlanOptions(Frozen):
     )
     strategies: list[StrategyName] = Field(
         default_factory=lambda: list(ALL_STRATEGIES),
-        min_length=1,
-        description="Sharding strategies tried on each logical mesh, each once.",
+        description="Today's sharding strategies tried on each logical mesh (dp, tp), each "
+        "once; may be empty when mesh_axes or shardings give configs.",
         json_schema_extra={"uniqueItems": True},
+    )
+    mesh_axes: list[MeshAxisName] | None = Field(
+        None,
+        description="Mesh axes searched per submesh besides the strategies: every split of "
+        "the submesh's devices over these axes (at most two of them larger than 1; data x "
+        "fsdp x expert dividing the micro-batch; tensor within a host unless "
+        "tensor_across_hosts; data with fsdp only as data across hosts), each under "
+        "mesh_rules. Null: none.",
+        json_schema_extra={"uniqueItems": True},
+    )
+    mesh_rules: str | Rules = Field(
+        "maxtext",
+        description="The logical-axis rules of the mesh_axes configs: a preset name "
+        "('maxtext': MaxText's default logical_axis_rules; 'pure-fsdp') or a table "
+        "{logical name: [mesh axes]}.",
+    )
+    shardings: list[ShardingStrategy] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The user's own sharding configs (mesh axis sizes and rules), each tried "
+        "on every submesh whose device count its sizes resolve to.",
+    )
+    tensor_across_hosts: bool = Field(
+        False, description="Let the mesh_axes search split tensor across hosts."
     )
     optimizer: OptimizerName = Field("adam", description="Optimizer of the apply_grad module.")
     repeats: int = Field(
@@ -161,11 +186,24 @@ class PlanOptions(Frozen):
         "by the runner, which ignores any key that is not a candidate of the job.",
     )
 
-    @field_validator("strategies")
+    @field_validator("strategies", "mesh_axes")
     @classmethod
-    def _unique_strategies(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError(f"strategies must be unique, got {v}")
+    def _unique_strategies(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError(f"must be unique, got {v}")
+        return v
+
+    @field_validator("mesh_rules")
+    @classmethod
+    def _mesh_rules(cls, v: str | Rules) -> str | Rules:
+        return check_rule_table(v)
+
+    @field_validator("shardings")
+    @classmethod
+    def _unique_shardings(cls, v: list[ShardingStrategy]) -> list[ShardingStrategy]:
+        names = [s.name for s in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sharding names must be unique, got {names}")
         return v
 
     @model_validator(mode="after")
@@ -177,6 +215,8 @@ class PlanOptions(Frozen):
             )
         if self.submesh_space == "manual" and not self.manual_submeshes:
             raise ValueError("manual_submeshes is required when submesh_space is 'manual'")
+        if not self.strategies and not self.mesh_axes and not self.shardings:
+            raise ValueError("give at least one of strategies, mesh_axes, shardings")
         return self
 
     @model_validator(mode="before")
@@ -431,8 +471,10 @@ def percent(fraction: float) -> str:
 
 
 class RunnerUpPlan(Frozen):
-    """The next plan of the chosen schedule's search in simulated time (never faster than
-    the plan: the search's best proposals are re-ranked by the simulator)."""
+    """The best plan other than the chosen one in simulated time, under any schedule
+    searched, the baselines (1F1B plans) included where 1F1B is searched. Another plan:
+    other stages, or the same stages under another schedule (one that runs them as fast
+    only when there is no other)."""
 
     dp_cost_s: float = Field(ge=0, description="Its search's objective (1F1B: Σt + (B-1)·max t).")
     gap: float | None = Field(
@@ -445,13 +487,25 @@ class RunnerUpPlan(Frozen):
         0.0, ge=0, description="Relative measured spread of its objective (as Plan.cost_spread)."
     )
     predicted_iteration_time_s: float = Field(
-        ge=0, description="Simulated iteration time under the plan's schedule, seconds."
+        ge=0, description="Simulated iteration time under its schedule, seconds."
     )
     stages: list[PlannedStage] = Field(min_length=1)
     outside: list[PlannedStage] = Field(
         default_factory=list,
         description="Its layers run on every device outside the pipeline (as Plan.outside).",
     )
+    schedule_name: ScheduleName | None = Field(
+        None, description="Its schedule; null (stored before): the plan's."
+    )
+    virtual_stages: int = Field(1, ge=1, description="Model chunks per device group.")
+    baseline: str | None = Field(
+        None, description="The baseline it is (e.g. 'data_parallel'), when it is one."
+    )
+
+    @property
+    def partly_estimated(self) -> bool:
+        """Whether some of its stages are estimates only (never measured)."""
+        return any(not st.measured for st in self.stages)
 
 
 class MaxTextPlan(Frozen):
@@ -522,7 +576,8 @@ class Plan(Frozen):
         None,
         description="'stable': the runner-up's gap is larger than the measured spread (the "
         "larger of the two plans' cost_spread); 'within_noise': it is not, so measurement "
-        "noise could swap them; 'unique': no other plan is feasible; null: not assessed "
+        "noise could swap them; 'unique': no other plan is feasible under any schedule "
+        "searched, nor a baseline; null: not assessed "
         "(plans stored before stageprof assessed it).",
     )
     runner_up_wall_seconds: float = Field(
@@ -590,6 +645,17 @@ class Plan(Frozen):
         ours = {key(s) for s in self.stages}
         return [key(s) not in ours for s in self.runner_up.stages]
 
+    def runner_up_label(self) -> str:
+        """The runner-up's schedule, and the baseline it is: e.g. "gpipe", "interleaved,
+        v=2", "1f1b, data_parallel" ("" without a runner-up; one stored before runner-ups
+        had a schedule ran the plan's)."""
+        runner = self.runner_up
+        if runner is None:
+            return ""
+        name = runner.schedule_name or self.schedule_name
+        label = f"{name}, v={runner.virtual_stages}" if name == "interleaved" else name
+        return f"{label}, {runner.baseline}" if runner.baseline else label
+
     def stability_summary(self) -> str | None:
         """e.g. "stable: runner-up 7.3% slower, measured spread 2.1%"; None if not assessed."""
         if self.stability is None:
@@ -605,4 +671,5 @@ class Plan(Frozen):
             slower = "as fast (a tie)"
         else:
             slower = f"{percent(runner.gap)} slower"
-        return f"{label}: runner-up {slower}, measured spread {percent(self.noise_spread)}"
+        text = f"{label}: runner-up {slower}, measured spread {percent(self.noise_spread)}"
+        return text + ("; runner-up partly estimated" if runner.partly_estimated else "")

@@ -178,6 +178,35 @@ class StageProfileResult(Frozen):
     def peak_memory(self) -> int:
         return max((m.peak_memory for m in self.module_profile_results), default=0)
 
+    @property
+    def pipeline_peak_memory(self) -> int:
+        """The forward / backward peak, bytes per device: what Alpa's memory rule weighs
+        against the stash (apply_grad runs once per iteration, when nothing is stashed)."""
+        kinds = (ModuleKind.forward, ModuleKind.backward)
+        return max(
+            (m.peak_memory for m in self.module_profile_results if m.module in kinds), default=0
+        )
+
+    def for_device_memory(self, available_memory: int) -> "StageProfileResult":
+        """This measurement as a job whose devices have `available_memory` bytes sees it.
+
+        A stored result is reused by jobs on other clusters: what the devices did (times,
+        peak, stash, FLOPs) is the row's; `available_memory` and `max_n_succ_stages` are the
+        asking job's, recomputed here (never read from the job that measured)."""
+        succ = -1
+        if self.ok:
+            succ = max_n_succ_stages(
+                available_memory,
+                self.pipeline_peak_memory,
+                self.initial_var_size,
+                self.intermediate_size,
+            )
+        if succ == self.max_n_succ_stages and available_memory == self.available_memory:
+            return self
+        return self.model_copy(
+            update={"available_memory": available_memory, "max_n_succ_stages": succ}
+        )
+
 
 def max_n_succ_stages(
     available_memory: float, peak_memory: float, initial_var_size: float, intermediate_size: float

@@ -111,6 +111,7 @@ def jaxpp_export(plan: Plan) -> dict[str, Any]:
             "submesh": list(s.submesh.as_tuple()),
             "logical_mesh": list(s.config.logical_mesh),
             "strategy": s.config.strategy,
+            "mesh_axes": s.config.axis_sizes,
         }
         for i, s in enumerate(plan.stages)
     ]
@@ -145,12 +146,11 @@ def jaxpp_snippet(plan: Plan, cls: str, args: dict[str, int]) -> str:
         "# In the model's forward, after each layer named below:",
     ]
     for i, s in enumerate(plan.stages):
-        dp, tp = s.config.logical_mesh
         lines.append(
             f"#   after {s.layer_names[-1]!r}: x = pipeline_enter_stage(x)  "
             f"# stage {i} ({s.layer_names[0]}..{s.layer_names[-1]}) on device group "
             f"{_group(plan, i)}: {s.submesh.hosts}x{s.submesh.devices_per_host} devices, "
-            f"mesh {dp}x{tp} {s.config.strategy}"
+            f"mesh {s.config.label()}"
         )
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from schemas import PlanRequest
 from schemas.candidate_count import count_candidates
 from schemas.limits import max_candidates
+from schemas.sharding import MeshFacts
 from server.checks import (
     Errors,
     candidate_errors,
@@ -21,6 +22,7 @@ from server.checks import (
     micro_batch_errors,
     program_errors,
     raise_if,
+    sharding_errors,
     storable_errors,
     submesh_errors,
     zoo_ref_errors,
@@ -39,23 +41,42 @@ def _stored_micro_batch(skeleton: dict[str, Any]) -> int:
     return shape[0] if shape else 1
 
 
+# What the mesh-axes search needs of each zoo model (`ModelSpec.mesh_facts` of its spec):
+# the language models take token ids (a sequence), the MoE has expert parameters.
+ZOO_MESH_FACTS = {
+    "gpt": MeshFacts(sequence=True, experts=False),
+    "moe": MeshFacts(sequence=True, experts=True),
+    "mlp": MeshFacts(sequence=False, experts=False),
+    "wresnet": MeshFacts(sequence=False, experts=False),
+}
+
+
+def _stored_facts(skeleton: dict[str, Any]) -> MeshFacts:
+    return MeshFacts.of(
+        [(v["shape"], v["dtype"]) for v in skeleton["inputs"]],
+        (p.get("logical_axes") for layer in skeleton["layers"] for p in layer.get("params", [])),
+    )
+
+
 def _model_shape(
     body: PlanRequest, session: Session
-) -> tuple[int, int, list[float] | None, Loc, Errors]:
-    """(layers, micro-batch, layer FLOPs or None, where the layers come from, errors)."""
+) -> tuple[int, int, list[float] | None, Loc, Errors, MeshFacts | None]:
+    """(layers, micro-batch, layer FLOPs or None, where the layers come from, errors, the
+    model's mesh facts or None)."""
     if body.model is not None:
         spec = body.model
         flops = [layer.flops for layer in spec.layers]
-        return spec.num_layers, spec.micro_batch_size, flops, (*BODY, "model", "layers"), []
+        loc: Loc = (*BODY, "model", "layers")
+        return spec.num_layers, spec.micro_batch_size, flops, loc, [], spec.mesh_facts
     if body.zoo is not None:
         where = (*BODY, "zoo")
         errors = zoo_ref_errors(body.zoo, where)
         errors = errors or zoo_size_errors(body.zoo, where)
         if errors:
-            return 0, 1, None, where, errors
+            return 0, 1, None, where, errors, None
         layers, micro_batch = spec_shape(body.zoo.name, body.zoo.config)
         loc = (*where, "config", "num_layers") if "num_layers" in body.zoo.config else where
-        return layers, micro_batch, None, loc, []
+        return layers, micro_batch, None, loc, [], ZOO_MESH_FACTS.get(body.zoo.name)
     assert body.model_id is not None
     row = get_model_row(session, model_id=body.model_id)
     if row is None:
@@ -63,7 +84,8 @@ def _model_shape(
     if not is_current_form(row.spec):
         raise Conflict(str(OldModelForm(body.model_id)))
     flops = [float(layer.get("flops", 0.0)) for layer in row.spec["layers"]]
-    return row.num_layers, _stored_micro_batch(row.spec), flops, (*BODY, "model_id"), []
+    micro_batch = _stored_micro_batch(row.spec)
+    return row.num_layers, micro_batch, flops, (*BODY, "model_id"), [], _stored_facts(row.spec)
 
 
 def check_plan_request(body: PlanRequest, session: Session) -> str | None:
@@ -72,8 +94,9 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     options_loc = (*BODY, "options")
     errors = storable_errors(body, BODY)
     errors += submesh_errors(body.options, body.cluster, options_loc)
+    errors += sharding_errors(body.options, body.cluster, options_loc)
     raise_if(errors)
-    num_layers, micro_batch, flops, layers_loc, errors = _model_shape(body, session)
+    num_layers, micro_batch, flops, layers_loc, errors, facts = _model_shape(body, session)
     raise_if(errors)
     raise_if(micro_batch_errors(body.options, micro_batch, options_loc))
     if body.zoo is None:  # a zoo model is built by the runner, which ignores such keys
@@ -90,7 +113,9 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
                 f"client.trace(..., remat_variants=({remat!r},))"
             )
             raise_if([field_error((*options_loc, "remat"), message)])
-    count = count_candidates(num_layers, body.cluster, body.options, micro_batch, flops, remats)
+    count = count_candidates(
+        num_layers, body.cluster, body.options, micro_batch, flops, remats, facts
+    )
     cap = max_candidates()
     raise_if(candidate_errors(count, cap, num_layers, body.cluster, body.options, layers_loc))
     if body.model is not None:

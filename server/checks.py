@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 import programs
 from schemas import ClusterSpec, ModelSpec, PlanOptions, ZooRef
-from schemas.candidate_count import CandidateCount
+from schemas.candidate_count import CandidateCount, submesh_shapes
 from schemas.limits import MAX_CANDIDATES_ENV
 from server.errors import Loc, field_error, invalid
 from server.zoo_catalog import zoo_errors
@@ -81,6 +81,27 @@ def submesh_errors(options: PlanOptions, cluster: ClusterSpec, loc: Loc) -> Erro
             seen.add((hosts, devices))
             continue
         errors.append(field_error((*loc, "manual_submeshes", i), reason))
+    return errors
+
+
+def sharding_errors(options: PlanOptions, cluster: ClusterSpec, loc: Loc) -> Errors:
+    """Each of the user's `shardings` must resolve on some submesh of the job: its mesh axes'
+    product (with a -1 filled) is the device count of one of the submeshes."""
+    shapes = submesh_shapes(
+        cluster.num_hosts, cluster.devices_per_host, options.submesh_space, options.manual_submeshes
+    )
+    counts = sorted({h * d for h, d in shapes})
+    errors: Errors = []
+    for i, strategy in enumerate(options.shardings):
+        if not any(strategy.fits(n) for n in counts):
+            product = math.prod(s for s in strategy.mesh_axes.values() if s != -1)
+            errors.append(
+                field_error(
+                    (*loc, "shardings", i, "mesh_axes"),
+                    f"the mesh axes' product {product} is not the device count of any submesh "
+                    f"of the job ({counts}); with one axis -1 it must divide one",
+                )
+            )
     return errors
 
 

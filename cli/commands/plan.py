@@ -5,10 +5,11 @@ Embedded by default (a SQLite file, a local Ray, JAX on virtual CPU devices); wi
 """
 
 import argparse
+import json
 import sys
 import time
 import typing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cli.commands.measure_args import (
     add_device_memory_argument,
@@ -49,6 +50,38 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     strategies = ",".join(field_default(PlanOptions, "strategies"))
     field_argument(
         parser, "--strategies", PlanOptions, "strategies", default=strategies, metavar="A,B"
+    )
+    parser.add_argument(
+        "--mesh-axes",
+        metavar="A,B",
+        help="also search sharding configs as mesh axes: every split of a submesh's devices "
+        "over these of data,fsdp,tensor,context,expert (e.g. data,fsdp,tensor,expert for an "
+        "MoE; add context for long sequences), under --mesh-rules",
+    )
+    parser.add_argument(
+        "--mesh-rules",
+        default="maxtext",
+        metavar="PRESET|JSON",
+        help="logical-axis rules of the --mesh-axes configs: a preset (maxtext: MaxText's "
+        "defaults; pure-fsdp) or a JSON table such as "
+        '\'{"batch": ["data", "fsdp"], "embed": ["fsdp"], "mlp": ["tensor"]}\' '
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sharding",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a sharding config of your own, tried on every submesh it fits (repeatable): "
+        '\'{"name": "mine", "mesh_axes": {"fsdp": -1, "tensor": 2}, "rules": {...}}\' '
+        "(rules default to MaxText's)",
+    )
+    field_argument(
+        parser,
+        "--tensor-across-hosts",
+        PlanOptions,
+        "tensor_across_hosts",
+        action="store_true",
     )
     add_measurement_arguments(parser)
     add_search_arguments(parser)
@@ -102,7 +135,10 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         global_batch_size=args.global_batch,
         submesh_space=args.submesh_space,
         config_space=args.config_space,
-        strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
+        strategies=[
+            s.strip() for s in args.strategies.split(",") if s.strip() and s.strip() != "none"
+        ],
+        **sharding_options(args),
         **measurement_options(args),
         candidate_timeout_s=args.timeout,
         include_communication=args.communication,
@@ -114,6 +150,26 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         search=args.search,
     )
     return cluster, options
+
+
+def sharding_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The mesh-axes options of `--mesh-axes`, `--mesh-rules`, `--sharding`,
+    `--tensor-across-hosts` (ValueError for JSON that does not parse)."""
+    out: dict[str, Any] = {"tensor_across_hosts": args.tensor_across_hosts}
+    if args.mesh_axes:
+        out["mesh_axes"] = [a.strip() for a in args.mesh_axes.split(",") if a.strip()]
+    rules = args.mesh_rules.strip()
+    out["mesh_rules"] = _json(rules, "--mesh-rules") if rules.startswith("{") else rules
+    if args.sharding:
+        out["shardings"] = [_json(text, "--sharding") for text in args.sharding]
+    return out
+
+
+def _json(text: str, flag: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{flag}: not JSON ({err})") from err
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from schemas import ModelSpec, Plan
 from schemas import Progress as JobProgress
 from schemas.plan import percent, stage_layout
 from schemas.profile import MAX_SUCC_STAGES
+from schemas.sharding import axes_label
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -58,7 +59,8 @@ def _stage_rows(plan: Plan) -> list[dict[str, str]]:
                 "layers": f"{st.start}-{st.end}" + (f" ({names[0]}..{names[-1]})" if names else ""),
                 "submesh": f"{st.submesh.hosts}x{st.submesh.devices_per_host}",
                 "logical mesh": "x".join(map(str, st.config.logical_mesh)),
-                "strategy": st.config.strategy,
+                "strategy": st.config.strategy
+                + ("" if st.config.mesh_axes is None else f" {axes_label(st.config.mesh_axes)}"),
                 "remat": st.remat,
                 "cost ms": _ms(st.compute_cost),
                 "est ms": estimated_ms(st),
@@ -170,9 +172,10 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     runner = plan.runner_up
     if runner is not None:
         ratio = runner.predicted_iteration_time_s / ours if ours > 0 else float("nan")
-        gap = "" if runner.gap is None else f"+{percent(runner.gap)}, same schedule"
+        gap = "" if runner.gap is None else f"+{percent(runner.gap)}"
         note = "; ".join(x for x in (gap, estimated_note(runner.stages)) if x)
-        compare.add_row("runner-up", _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", note)
+        name = f"runner-up ({plan.runner_up_label()})"
+        compare.add_row(name, _ms(runner.predicted_iteration_time_s), f"{ratio:.2f}x", note)
     for base in plan.baselines:
         if base.iteration_time_s is None:
             compare.add_row(base.name, "-", "-", base.reason or "infeasible")
@@ -263,7 +266,12 @@ def print_stability(console: Console, plan: Plan) -> None:
         layout = stage_layout(plan.runner_up.stages)
         note = estimated_note(plan.runner_up.stages)
         layout += f" ({note})" if note else ""
-        console.print(f"  runner-up: {layout}", style="dim", markup=False, highlight=False)
+        console.print(
+            f"  runner-up ({plan.runner_up_label()}): {layout}",
+            style="dim",
+            markup=False,
+            highlight=False,
+        )
 
 
 def print_json_line(obj: dict[str, Any]) -> None:

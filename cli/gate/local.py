@@ -86,5 +86,10 @@ def run_local(
         plan=outcome.plan,
         error=error,
         stats=outcome.stats.as_dict(),
-        remeasured=remeasure(StoreProfiles(sessions), job_id, baseline_stages),
+        remeasured=remeasure(
+            StoreProfiles(sessions),
+            job_id,
+            baseline_stages,
+            device_memory_bytes=cluster.device_memory_bytes,
+        ),
     )

@@ -64,13 +64,17 @@ def measure_baseline(
 
 
 def remeasure(
-    source: ProfileSource, job_id: str, stages: Sequence[PlannedStage]
+    source: ProfileSource, job_id: str, stages: Sequence[PlannedStage], *, device_memory_bytes: int
 ) -> list[Remeasured]:
-    """One `Remeasured` per stage, in order: a measurement only, never an estimate."""
-    return [_one(source, job_id, st) for st in stages]
+    """One `Remeasured` per stage, in order: a measurement only, never an estimate. Each
+    is seen with today's device memory: a stage measured by another job (a baseline's, on a
+    bigger device) is judged against today's devices, not the ones it was measured with."""
+    return [_one(source, job_id, st, device_memory_bytes) for st in stages]
 
 
-def _one(source: ProfileSource, job_id: str, stage: PlannedStage) -> Remeasured:
+def _one(
+    source: ProfileSource, job_id: str, stage: PlannedStage, device_memory_bytes: int
+) -> Remeasured:
     rows = [
         r
         for r in source.candidates(job_id, stage)
@@ -90,4 +94,4 @@ def _one(source: ProfileSource, job_id: str, stage: PlannedStage) -> Remeasured:
     if result.submesh != stage.submesh or result.config != stage.config:
         today = f"{result.submesh} as {result.config.label()}"
         return Remeasured(missing=f"today's candidate with these ids is {today}")
-    return Remeasured(result=result)
+    return Remeasured(result=result.for_device_memory(device_memory_bytes))

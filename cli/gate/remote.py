@@ -61,7 +61,12 @@ def run_remote(
                 say(f"job {job_id} queued at {server}")
             job = _wait(api, job_id, wait_timeout_s, say)
             plan = api.get_plan(job_id) if job.has_plan else None
-            remeasured = remeasure(ApiProfiles(api), job_id, baseline_stages)
+            remeasured = remeasure(
+                ApiProfiles(api),
+                job_id,
+                baseline_stages,
+                device_memory_bytes=request.cluster.device_memory_bytes,
+            )
     except ServerUnreachable as err:
         raise GateError(_one_line(err)) from err
     except StageprofError as err:

@@ -1,7 +1,7 @@
 """Transformer pieces shared by `gpt` and `moe`: embedding, attention block, LM head + loss.
 
 Parameters are dicts of `jax.ShapeDtypeStruct`; logical axes use 'embed', 'heads', 'mlp',
-'vocab' ('heads', 'mlp', 'vocab' split on the model axis for megatron sharding).
+'vocab' (MaxText's names; the sharding rules map them to mesh axes, `schemas.sharding`).
 """
 
 from collections.abc import Callable

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from schemas import TEXT_PATTERN, StageProfileResult, StrategyName
+from schemas import TEXT_PATTERN, StageProfileResult
+from schemas.sharding import STRATEGY_NAME_PATTERN
 from server.api_models import ProfilePageOut, ProfileRowOut, error_responses
 from server.checks import raise_if
 from server.deps import SessionDep
@@ -168,7 +169,13 @@ def read_profiles(
         ),
     ] = None,
     num_devices: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
-    strategy: StrategyName | None = None,
+    strategy: Annotated[
+        str | None,
+        Query(
+            pattern=STRATEGY_NAME_PATTERN,
+            description="data, megatron, fsdp, or a mesh-axes config's rule table name.",
+        ),
+    ] = None,
     fingerprint: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
     sort: Annotated[
         SortParam, Query(description="Sort key; '-' for descending. Nulls always last.")

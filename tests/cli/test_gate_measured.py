@@ -109,7 +109,9 @@ def test_a_baseline_stage_the_search_would_only_estimate_is_measured_and_used(
     key = (a, b, 0, 0)
     print(f"stage {key}: {before[key]} without a baseline, {after[key]} with one")
     assert [after[(st.start, st.end, 0, 0)] for st in stages] == ["ok"] * len(stages)
-    today = remeasure(StoreProfiles(sessions), out["job_id"], stages)
+    today = remeasure(
+        StoreProfiles(sessions), out["job_id"], stages, device_memory_bytes=16 * 2**30
+    )
     assert all(r.result is not None and r.missing is None for r in today), today
     checks = {c["name"]: c for c in out["checks"]}
     prefix = (

@@ -29,7 +29,7 @@ from server import Settings
 from store import JobCandidateRow, mark_estimated, session_scope
 from tests.server.factories import seed_job
 from tests.server.live import LiveServer
-from tests.support.profiles import fake_profile
+from tests.support.profiles import GIB, fake_profile
 
 # seed_job's 1x2 cluster: submesh 0 is 1x1 (data); submesh 1 is 1x2 (2x1 data, 1x2 megatron)
 MESHES = {
@@ -92,11 +92,11 @@ def test_baseline_stages_are_found_in_todays_job_or_say_why_not(
         "missing: not a stage candidate of today's job",
         "missing: today's candidate with these ids is 1x2 as 2x1/data",
     ]
-    from_store = remeasure(StoreProfiles(committing), job.job_id, stages)
+    from_store = remeasure(StoreProfiles(committing), job.job_id, stages, device_memory_bytes=GIB)
     assert [describe(r) for r in from_store] == expected
     assert from_store[1].result is not None and from_store[1].result.status == ProfileStatus.oom
     with StageprofClient(live.url) as api:
-        from_api = remeasure(ApiProfiles(api), job.job_id, stages)
+        from_api = remeasure(ApiProfiles(api), job.job_id, stages, device_memory_bytes=GIB)
     assert from_api == from_store
 
 
@@ -115,10 +115,12 @@ def test_a_candidate_todays_job_only_estimated_is_not_a_measurement(
         assert mark_estimated(s, job_id=job.job_id, fingerprints=[row.fingerprint]) == 1
     stages = [planned(0, 1, 1, 0), planned(*key)]
     expected = ["ok 1x2 peak 1000", "missing: estimated only: today's job did not measure it"]
-    from_store = remeasure(StoreProfiles(committing), job.job_id, stages)
+    from_store = remeasure(StoreProfiles(committing), job.job_id, stages, device_memory_bytes=GIB)
     assert [describe(r) for r in from_store] == expected
     with StageprofClient(live.url) as api:
-        assert remeasure(ApiProfiles(api), job.job_id, stages) == from_store
+        assert (
+            remeasure(ApiProfiles(api), job.job_id, stages, device_memory_bytes=GIB) == from_store
+        )
 
 
 class OneRow:
@@ -144,7 +146,7 @@ class OneRow:
     ],
 )
 def test_only_a_candidate_todays_job_measured_counts(status: str, missing: str | None) -> None:
-    (got,) = remeasure(OneRow(status), "job", [planned(0, 3, 0, 0)])
+    (got,) = remeasure(OneRow(status), "job", [planned(0, 3, 0, 0)], device_memory_bytes=GIB)
     assert got.missing == missing
     assert (got.result is None) == (missing is not None)
 

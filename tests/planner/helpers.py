@@ -12,10 +12,17 @@ from schemas import (
     VarSpec,
     max_n_succ_stages,
 )
+from schemas.profile import MAX_SUCC_STAGES
 from tests.support.profiles import fake_module, fake_profile
 
 MB = 8
 HIDDEN = 16
+DEVICE_MEMORY = ClusterSpec.model_fields["device_memory_bytes"].default
+PEAK = 1000  # fake_profile's peak per module
+# A small device (ClusterSpec's least memory is 1 MiB) for tests of binding memory: their
+# figures are those of a 10 kB device, scaled by MEMORY_SCALE (every memory rule is linear).
+MEMORY_SCALE = 105
+SMALL_DEVICE = 10_000 * MEMORY_SCALE
 
 
 def programless_chain_spec(
@@ -59,7 +66,10 @@ def result(
     num_layers: int = 1,
     spread: float = 0.0,
 ) -> StageProfileResult:
-    """A measured (or failed) stage candidate; `spread`: each module's relative spread."""
+    """A measured (or failed) stage candidate; `spread`: each module's relative spread.
+    Its memory makes Alpa's rule give `max_n_succ_stages` on a device of `DEVICE_MEMORY`
+    (the cluster's default): the planner recomputes the rule for the planning job."""
+    initial, intermediate = stash_for(max_n_succ_stages)
     return fake_profile(
         f"fp-{submesh}-{config.label()}-{forward}",
         status,
@@ -70,14 +80,32 @@ def result(
         config=config,
         num_layers=num_layers,
         spread=spread,
-        initial_var_size=10,
-        intermediate_size=20,
+        available_memory=DEVICE_MEMORY,
+        initial_var_size=initial,
+        intermediate_size=intermediate,
         max_n_succ_stages=max_n_succ_stages,
     )
 
 
-def cluster(num_hosts: int = 1, devices_per_host: int = 4) -> ClusterSpec:
-    return ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host)
+def stash_for(succ: int, peak: int = PEAK, available: int = DEVICE_MEMORY) -> tuple[int, int]:
+    """(initial_var_size, intermediate_size) for which Alpa's rule gives `succ` stages after
+    a stage of this `peak` on a device of `available` bytes."""
+    if succ < 0:
+        return available, 20  # parameters alone fill the device
+    if succ >= MAX_SUCC_STAGES:
+        return 10, 0
+    free = available - peak - 10
+    intermediate = free // (succ + 1)
+    assert max_n_succ_stages(available, peak, 10, intermediate) == succ
+    return 10, intermediate
+
+
+def cluster(
+    num_hosts: int = 1, devices_per_host: int = 4, device_memory: int = DEVICE_MEMORY
+) -> ClusterSpec:
+    return ClusterSpec(
+        num_hosts=num_hosts, devices_per_host=devices_per_host, device_memory_bytes=device_memory
+    )
 
 
 def split_result(

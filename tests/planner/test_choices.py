@@ -1,5 +1,7 @@
 """Submesh and config choices, and the candidate space."""
 
+import math
+
 import pytest
 
 from planner import config_choices, enumerate_candidates, submesh_choices
@@ -121,3 +123,87 @@ def test_candidates_check_the_global_batch() -> None:
             cluster(),
             PlanOptions(num_microbatches=2, global_batch_size=2),
         )
+
+
+# --- mesh axes -------------------------------------------------------------------------------
+
+from schemas.sharding import (  # noqa: E402
+    MAXTEXT_RULES,
+    MeshFacts,
+    ShardingStrategy,
+    mesh_points,
+)
+
+ALL_AXES = ["data", "fsdp", "tensor", "context", "expert"]
+
+
+def _split(points: list[dict[str, int]]) -> set[tuple[tuple[str, int], ...]]:
+    return {tuple((a, s) for a, s in p.items() if s > 1) for p in points}
+
+
+def test_mesh_points_of_four_devices_brute_force() -> None:
+    """Every assignment of sizes to the five axes with product 4, filtered by the documented
+    rules by hand, equals `mesh_points`."""
+    import itertools
+
+    want = set()
+    for sizes in itertools.product([1, 2, 4], repeat=5):
+        p = dict(zip(["data", "fsdp", "context", "expert", "tensor"], sizes, strict=True))
+        if math.prod(sizes) != 4 or sum(s > 1 for s in sizes) > 2:
+            continue
+        if 8 % (p["data"] * p["fsdp"] * p["expert"]) or (p["data"] > 1 and p["fsdp"] > 1):
+            continue
+        want.add(tuple((a, s) for a, s in p.items() if s > 1))
+    got = mesh_points(1, 4, 8, ALL_AXES)
+    assert _split(got) == want and len(got) == len(want) == 14
+    assert all(math.prod(p.values()) == 4 for p in got)
+
+
+def test_mesh_points_keep_tensor_in_a_host_and_data_across_hosts() -> None:
+    points = _split(mesh_points(2, 4, 16, ["data", "fsdp", "tensor"]))
+    assert (("tensor", 8),) not in points
+    assert (("data", 2), ("fsdp", 4)) in points  # MaxText's hybrid: dcn data, ici fsdp
+    assert (("data", 4), ("fsdp", 2)) not in points
+    assert (("tensor", 8),) in _split(
+        mesh_points(2, 4, 16, ["data", "fsdp", "tensor"], tensor_across_hosts=True)
+    )
+    # the batch axes divide the micro-batch
+    assert (("data", 8),) not in _split(mesh_points(2, 4, 4, ["data"]))
+
+
+def test_context_and_expert_only_where_the_model_has_them() -> None:
+    dense = MeshFacts(sequence=False, experts=False)
+    lm = MeshFacts(sequence=True, experts=False)
+    moe = MeshFacts(sequence=True, experts=True)
+    for facts, context, expert in [(dense, False, False), (lm, True, False), (moe, True, True)]:
+        points = mesh_points(1, 4, 8, ALL_AXES, facts=facts)
+        assert any(p["context"] > 1 for p in points) == context
+        assert any(p["expert"] > 1 for p in points) == expert
+
+
+def test_mesh_configs_follow_todays_strategies_and_carry_the_rules() -> None:
+    from planner.choices import all_config_choices
+
+    options = PlanOptions(mesh_axes=["fsdp", "expert"], strategies=["data"])
+    configs = all_config_choices((1, 4), 8, options, MeshFacts(sequence=False, experts=True))
+    legacy = [c for c in configs if c.is_legacy]
+    assert [c.label() for c in legacy] == ["4x1/data", "2x2/data", "1x4/data"]
+    mesh = [c for c in configs if not c.is_legacy]
+    assert [c.label() for c in mesh] == [
+        "fsdp4/maxtext",
+        "expert4/maxtext",
+        "fsdp2.expert2/maxtext",
+    ]
+    assert all(c.rules == dict(MAXTEXT_RULES) and c.logical_mesh == (4, 1) for c in mesh)
+
+
+def test_user_shardings_go_where_they_fit() -> None:
+    from planner.choices import all_config_choices
+
+    mine = ShardingStrategy(name="mine", mesh_axes={"fsdp": -1, "tensor": 2})
+    options = PlanOptions(strategies=[], shardings=[mine])
+    assert all_config_choices((1, 1), 8, options) == []
+    (two,) = all_config_choices((1, 2), 8, options)
+    assert two.axis_sizes["tensor"] == 2 and two.axis_sizes["fsdp"] == 1
+    (eight,) = all_config_choices((2, 4), 8, options)
+    assert (eight.axis_sizes["fsdp"], eight.axis_sizes["tensor"]) == (4, 2)

@@ -17,7 +17,7 @@ from tests.planner.helpers import cluster
 from tests.planner.helpers import programless_chain_spec as chain_spec
 from tests.support.profiles import fake_profile
 
-GIB = 2**30
+MEMORY = cluster(1, 4).device_memory_bytes  # a stage's room is judged on the job's devices
 
 
 def _spec(classes: list[str]) -> ModelSpec:
@@ -62,8 +62,8 @@ def _table(spec: ModelSpec, options: PlanOptions, stash: int = 100) -> tuple[obj
             peak=1000,
             initial_var_size=400,
             intermediate_size=inter,
-            available_memory=GIB,
-            max_n_succ_stages=min(2**20, (GIB - 1400) // inter - 1),
+            available_memory=MEMORY,
+            max_n_succ_stages=min(2**20, (MEMORY - 1400) // inter - 1),
         )
     return space, results
 
@@ -93,7 +93,7 @@ def _reference(classes: list[str], stash: int = 100) -> tuple[float, float]:
     outside = 0.0
     for name in classes[:first] + classes[last + 1 :]:
         forward = 0.2e-3 + COST[name] / 4 ** EXPONENT[name]
-        holds = (GIB - 1400) // stash - 1 >= 7
+        holds = (MEMORY - 1400) // stash - 1 >= 7
         outside += 3 * forward * 8 if holds else math.inf
     return inside, pipeline.predicted_iteration_time_s + outside
 
@@ -128,7 +128,7 @@ def test_off_jaxpp_and_memory_keep_every_layer_in_the_pipeline() -> None:
         assert plan.predicted_iteration_time_s == pytest.approx(inside, rel=1e-9)
     # outside the pipeline every micro-batch's stash is kept: a layer that cannot hold B
     # of them stays inside
-    stash = GIB // 5
+    stash = MEMORY // 5
     options = _options()
     space, results = _table(spec, options, stash)
     plan = build_plan(spec, cluster(1, 4), options, space, results)

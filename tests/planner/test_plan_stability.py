@@ -136,9 +136,17 @@ def test_a_tie_is_within_noise_even_without_spread() -> None:
 def test_the_only_feasible_plan_is_unique() -> None:
     spec, clu, options, space, results = two_layer_results(1.0, 0.01)
     results = {k: r for k, r in results.items() if r.submesh.num_devices == 1}
-    plan = build_plan(spec, clu, options, space, results)
+    one = options.model_copy(update={"schedule": "1f1b"})
+    plan = build_plan(spec, clu, one, space, results)
     assert plan.runner_up is None and plan.stability == "unique"
     assert plan.stability_summary() == "unique: no other plan is feasible"
+    # under auto, GPipe runs the same stages as fast: another plan, shown as the runner-up
+    plan = build_plan(spec, clu, options, space, results)
+    gpipe = next(o for o in plan.schedules if o.schedule == "gpipe")
+    assert gpipe.feasible and plan.schedule_name == "1f1b"
+    assert plan.runner_up is not None and plan.runner_up.schedule_name == "gpipe"
+    assert identity(plan.runner_up.stages) == identity(plan.stages)
+    assert plan.stability == "within_noise" and plan.runner_up.gap == 0.0
 
 
 def test_runner_up_objective_includes_communication() -> None:

@@ -16,7 +16,7 @@ from planner.table import build_cost_table
 from schemas import PlanOptions, ProfileStatus, RematVariant
 from schemas.candidate_count import count_candidates
 from tests.planner.brute_force import all_plans
-from tests.planner.helpers import cluster, split_result
+from tests.planner.helpers import MEMORY_SCALE, SMALL_DEVICE, cluster, split_result
 from tests.planner.helpers import programless_chain_spec as chain_spec
 from tests.planner.test_schedule_search import brute
 
@@ -71,11 +71,11 @@ def remat_results(space, rng: random.Random, memory: str):
             b * slow,
             w,
             num_layers=n,
-            available=10_000,
-            peak=peak,
-            initial=initial,
-            intermediate=max(1, int(inter * small)),
-            weight_stash=5,
+            available=SMALL_DEVICE,
+            peak=peak * MEMORY_SCALE,
+            initial=initial * MEMORY_SCALE,
+            intermediate=max(1, int(inter * small)) * MEMORY_SCALE,
+            weight_stash=5 * MEMORY_SCALE,
         )
     return out
 
@@ -115,7 +115,7 @@ def brute_assignments(name: str, table, space, devices: int, micro: int) -> floa
 
 def _setup(seed: int, tight: bool | str, micro: int = 4):
     rng = random.Random(seed)
-    spec, clu = remat_spec(3), cluster(1, 4)
+    spec, clu = remat_spec(3), cluster(1, 4, SMALL_DEVICE)
     options = PlanOptions(num_microbatches=micro, strategies=["data"])
     space = enumerate_candidates(spec, clu, options)
     memory = tight if isinstance(tight, str) else ("tight" if tight else "ample")
@@ -171,7 +171,7 @@ def test_remat_choices_and_what_is_worth_measuring() -> None:
     with pytest.raises(ValueError, match="carries the 'dots' variant"):
         remat_choices(chain_spec(3), "dots")
     clu, options = (
-        cluster(1, 4),
+        cluster(1, 4, SMALL_DEVICE),
         PlanOptions(num_microbatches=4, strategies=["data"], schedule="1f1b"),
     )
     space = enumerate_candidates(spec, clu, options)
@@ -187,23 +187,27 @@ def test_remat_choices_and_what_is_worth_measuring() -> None:
             1.0,
             1.0,
             1.0,
-            available=10_000,
-            peak=1000,
+            available=SMALL_DEVICE,
+            peak=1000 * MEMORY_SCALE,
             initial=0,
-            intermediate=intermediate,
+            intermediate=intermediate * MEMORY_SCALE,
         )
 
     n = 3  # stages that could follow layer 0 on a one-device submesh: min(2 layers, 3 devices)
-    assert not remat_worth_measuring(key, space, {}, 3, 4, options)  # sibling pruned
+    assert not remat_worth_measuring(key, space, {}, 3, clu, options)  # sibling pruned
     oom = result(100).model_copy(update={"status": ProfileStatus.oom})
-    assert remat_worth_measuring(key, space, {sib: oom}, 3, 4, options)
+    assert remat_worth_measuring(key, space, {sib: oom}, 3, clu, options)
     room = {sib: result(100)}  # max_n_succ_stages = 89
-    assert not remat_worth_measuring(key, space, room, 3, 4, options)
+    assert not remat_worth_measuring(key, space, room, 3, clu, options)
     cramped = {sib: result(9000 // (n - 1))}  # max_n_succ_stages = 1 < 2
-    assert remat_worth_measuring(key, space, cramped, 3, 4, options)
+    assert remat_worth_measuring(key, space, cramped, 3, clu, options)
+    # measured by a job with 1 GiB devices: room there, none on this job's devices
+    stored = result(9000 // (n - 1)).for_device_memory(2**30)
+    assert stored.max_n_succ_stages > n
+    assert remat_worth_measuring(key, space, {sib: stored}, 3, clu, options)
     gpipe = options.model_copy(update={"schedule": "gpipe"})
-    assert remat_worth_measuring(key, space, {sib: result(9000 // 3)}, 3, 4, gpipe)
-    assert remat_worth_measuring(sib, space, {}, 3, 4, options)
+    assert remat_worth_measuring(key, space, {sib: result(9000 // 3)}, 3, clu, gpipe)
+    assert remat_worth_measuring(sib, space, {}, 3, clu, options)
 
 
 @pytest.mark.parametrize("remat", ["auto", "as_written", "full"])

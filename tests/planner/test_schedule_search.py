@@ -15,7 +15,7 @@ from planner.sum_max_dp import objective, sum_max_dp
 from planner.table import build_cost_table
 from schemas import Plan, PlanOptions
 from tests.planner.brute_force import all_plans, brute_sum_max
-from tests.planner.helpers import cluster, split_result
+from tests.planner.helpers import MEMORY_SCALE, SMALL_DEVICE, cluster, split_result
 from tests.planner.helpers import programless_chain_spec as chain_spec
 
 MICRO = 4
@@ -37,11 +37,11 @@ def random_results(space, rng: random.Random, tight: bool, split: bool = True):
             f * rng.uniform(0.5, 1.5),
             f * rng.uniform(0.3, 1.2),
             num_layers=n,
-            available=10_000,
-            peak=rng.randint(1000, 3000),
-            initial=rng.randint(0, 2000),
-            intermediate=rng.randint(200, 3000) if tight else 10,
-            weight_stash=rng.randint(50, 1500) if tight else 5,
+            available=SMALL_DEVICE,
+            peak=rng.randint(1000, 3000) * MEMORY_SCALE,
+            initial=rng.randint(0, 2000) * MEMORY_SCALE,
+            intermediate=(rng.randint(200, 3000) if tight else 10) * MEMORY_SCALE,
+            weight_stash=(rng.randint(50, 1500) if tight else 5) * MEMORY_SCALE,
             split=split,
         )
     return out
@@ -98,7 +98,7 @@ def brute(name: str, table, space, devices: int, micro: int) -> float:
 def test_each_search_equals_a_brute_force_over_every_plan(name: str, seed: int) -> None:
     rng = random.Random(seed * 7 + len(name))
     num_layers, micro = rng.choice([3, 4]), rng.choice([2, 4])
-    spec, clu = chain_spec(num_layers), cluster(1, 4)
+    spec, clu = chain_spec(num_layers), cluster(1, 4, SMALL_DEVICE)
     options = PlanOptions(num_microbatches=micro, strategies=["data"])
     space = enumerate_candidates(spec, clu, options)
     table = build_cost_table(spec, clu, space, random_results(space, rng, tight=seed % 2 == 0))
@@ -138,7 +138,7 @@ def test_the_sum_max_dp_equals_a_brute_force_on_random_tables() -> None:
 
 def _plan(seed: int, schedule: str = "auto", split: bool = True, micro: int = 4) -> Plan:
     rng = random.Random(seed)
-    spec, clu = chain_spec(4), cluster(1, 4)
+    spec, clu = chain_spec(4), cluster(1, 4, SMALL_DEVICE)
     options = PlanOptions(num_microbatches=micro, strategies=["data"], schedule=schedule)
     space = enumerate_candidates(spec, clu, options)
     results = random_results(space, rng, tight=False, split=split)
@@ -194,7 +194,7 @@ def test_interleaved_needs_micro_batches_a_multiple_of_the_groups() -> None:
 
 def test_virtual_stages_asked_for_are_the_ones_planned() -> None:
     rng = random.Random(3)
-    spec, clu = chain_spec(4), cluster(1, 4)
+    spec, clu = chain_spec(4), cluster(1, 4, SMALL_DEVICE)
     options = PlanOptions(strategies=["data"], schedule="interleaved", virtual_stages=2)
     space = enumerate_candidates(spec, clu, options)
     plan = build_plan(spec, clu, options, space, random_results(space, rng, tight=False))

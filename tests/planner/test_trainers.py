@@ -15,12 +15,10 @@ import math
 import pytest
 
 from planner.trainers import block_run, maxtext_parallelism, maxtext_remat
-from schemas import Plan, ShardingConfig
+from schemas import ShardingConfig
 from schemas.plan import MaxTextPlan
 from schemas.trainer_export import (
     ExportUnavailable,
-    export_plan,
-    jaxpp_export,
     maxtext_export,
     maxtext_gap,
     maxtext_yaml,
@@ -28,8 +26,9 @@ from schemas.trainer_export import (
 from tests.planner.helpers import cluster
 from tests.planner.trainer_helpers import gpt_plan, gpt_spec
 
-ICI = ("ici_pipeline_parallelism", "ici_data_parallelism", "ici_fsdp_parallelism")
-DCN = ("dcn_pipeline_parallelism", "dcn_data_parallelism", "dcn_fsdp_parallelism")
+AXES = ("pipeline", "data", "fsdp", "context", "tensor", "expert")
+ICI = tuple(f"ici_{a}_parallelism" for a in AXES)
+DCN = tuple(f"dcn_{a}_parallelism" for a in AXES)
 
 
 def check_maxtext_constraints(settings: dict[str, int], hosts: int, per_host: int) -> None:
@@ -41,7 +40,7 @@ def check_maxtext_constraints(settings: dict[str, int], hosts: int, per_host: in
     )
     assert settings["num_pipeline_microbatches"] > 0
     assert settings["num_pipeline_microbatches"] % stages == 0
-    ici = math.prod(settings[k] for k in ICI) * settings["ici_tensor_parallelism"]
+    ici = math.prod(settings[k] for k in ICI)
     dcn = math.prod(settings[k] for k in DCN)
     assert ici == per_host and dcn == hosts
     assert settings.get("remat_policy", "full") in ("full", "minimal")  # MaxText's names
@@ -100,26 +99,25 @@ def test_block_run_is_the_longest_equal_fingerprint_run() -> None:
     assert block_run(spec.model_copy(update={"layers": layers})) is None
 
 
-def test_parallelism_over_hosts_needs_a_splittable_data_axis() -> None:
-    from schemas import ShardingConfig, SubmeshShape
+def test_parallelism_over_hosts_splits_the_outer_axes() -> None:
+    from schemas import SubmeshShape
 
     sub = SubmeshShape(hosts=2, devices_per_host=4)
     ok = maxtext_parallelism(
         sub, ShardingConfig(logical_mesh=(8, 1), strategy="fsdp"), cluster(4, 4)
     )
-    assert ok == {
-        "ici_pipeline_parallelism": 1,
+    assert isinstance(ok, dict)
+    assert {k: v for k, v in ok.items() if v != 1} == {
         "dcn_pipeline_parallelism": 2,
-        "ici_data_parallelism": 1,
         "ici_fsdp_parallelism": 4,
-        "ici_tensor_parallelism": 1,
-        "dcn_data_parallelism": 1,
         "dcn_fsdp_parallelism": 2,
     }
-    bad = maxtext_parallelism(
+    # tensor parallel over 8 devices on 2 hosts was measured across them: dcn_tensor 2
+    across = maxtext_parallelism(
         sub, ShardingConfig(logical_mesh=(1, 8), strategy="megatron"), cluster(4, 4)
     )
-    assert isinstance(bad, str) and "does not split over 2 hosts" in bad
+    assert isinstance(across, dict)
+    assert (across["ici_tensor_parallelism"], across["dcn_tensor_parallelism"]) == (4, 2)
     odd = maxtext_parallelism(
         SubmeshShape(hosts=2, devices_per_host=2),
         ShardingConfig(logical_mesh=(4, 1), strategy="data"),
@@ -128,69 +126,34 @@ def test_parallelism_over_hosts_needs_a_splittable_data_axis() -> None:
     assert isinstance(odd, str) and "does not tile" in odd
 
 
-def test_maxtext_export_of_an_unrestricted_plan_is_refused() -> None:
-    plan = gpt_plan(6, 1, 4)
-    assert plan.target is None and plan.maxtext is None
-    with pytest.raises(ExportUnavailable, match="--for maxtext"):
-        export_plan(plan, "maxtext")
-    old = Plan.model_validate_json(plan.model_dump_json(exclude={"target", "maxtext"}))
-    assert old.target is None  # plans stored before read
-
-
-def _check_marks(plan: Plan) -> None:
-    out = jaxpp_export(plan)
-    marks = out["stage_marks"]
-    assert len(marks) == len(plan.stages)
-    names = [layer for s in plan.stages for layer in s.layer_names]
-    for i, (mark, stage) in enumerate(zip(marks, plan.stages, strict=True)):
-        assert mark["after_layer"] == stage.layer_names[-1]
-        # The next stage begins right after the marked layer.
-        position = names.index(mark["after_layer"])
-        if i + 1 < len(plan.stages):
-            assert names[position + 1] == plan.stages[i + 1].layer_names[0]
-    assert marks[-1]["after_layer"] == names[-1]  # the final mark closes the last stage
-    assert out["num_microbatches"] == plan.num_microbatches
-    assert out["snippet"].count("pipeline_enter_stage(x)") == len(plan.stages)
-
-
-@pytest.mark.parametrize(
-    ("schedule", "cls"),
-    [
-        ("1f1b", "Std1F1B"),
-        ("gpipe", "GPipe"),
-        ("zb-h1", "ZeroBubble"),
-        ("interleaved", "Interleaved1F1B"),
-    ],
-)
-def test_jaxpp_marks_follow_the_stage_boundaries(schedule: str, cls: str) -> None:
-    plan = gpt_plan(6, 1, 4, schedule=schedule, target="jaxpp")
-    _check_marks(plan)
-    out = jaxpp_export(plan)
-    assert out["schedule"]["class"] == cls
-    assert out["schedule"]["args"]["num_stages"] == len(plan.stages)
-    if schedule == "interleaved":
-        assert out["schedule"]["args"]["mpmd_dim"] == plan.num_device_groups
-        assert [m["device_group"] for m in out["stage_marks"]] == [
-            s.device_group for s in plan.stages
-        ]
-
-
-@pytest.mark.parametrize(
-    ("blocks", "hosts", "per_host", "micro"),
-    [(4, 1, 2, 4), (6, 2, 2, 4), (7, 1, 8, 8), (8, 2, 2, 6), (9, 4, 2, 4), (8, 1, 8, 4)],
-)
-def test_every_maxtext_answer_is_valid_or_says_why(
-    blocks: int, hosts: int, per_host: int, micro: int
+@pytest.mark.parametrize(("hosts", "per_host"), [(1, 4), (1, 8), (2, 4), (4, 2)])
+def test_maxtext_mesh_covers_the_devices_for_every_mesh_axis_config(
+    hosts: int, per_host: int
 ) -> None:
-    plan = gpt_plan(blocks, hosts, per_host, micro=micro, target="maxtext")
-    mt = plan.maxtext
-    assert mt is not None
-    if mt.feasible:
-        check_maxtext_constraints(mt.settings, hosts, per_host)
-        assert mt.settings["num_pipeline_microbatches"] == micro
-        assert mt.settings["pipeline_parallel_layers"] == blocks
-    else:
-        assert mt.reason and not mt.settings
+    """Every config the mesh-axes search (all five axes, tensor across hosts allowed) and
+    today's strategies make, on every submesh, gives MaxText keys whose ici product is the
+    devices per host and dcn product the hosts, with the measured axis sizes."""
+    from planner.choices import all_config_choices, submesh_choices
+    from schemas import PlanOptions, SubmeshShape
+
+    options = PlanOptions(
+        mesh_axes=["data", "fsdp", "tensor", "context", "expert"], tensor_across_hosts=True
+    )
+    checked = 0
+    for h, d in submesh_choices(hosts, per_host):
+        sub = SubmeshShape(hosts=h, devices_per_host=d)
+        for config in all_config_choices(sub, 16, options):
+            settings = maxtext_parallelism(sub, config, cluster(hosts, per_host))
+            assert isinstance(settings, dict), settings
+            assert math.prod(settings[k] for k in ICI) == per_host
+            assert math.prod(settings[k] for k in DCN) == hosts
+            stage_devices = math.prod(settings[k] for k in ICI + DCN if "pipeline" not in k)
+            assert stage_devices == sub.num_devices
+            for axis, size in config.axis_sizes.items():
+                ici, dcn = settings[f"ici_{axis}_parallelism"], settings[f"dcn_{axis}_parallelism"]
+                assert ici * dcn == size
+            checked += 1
+    assert checked > 20
 
 
 def test_maxtext_target_turns_pruning_off_only_for_the_prune_search() -> None:

@@ -12,10 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
+from client.zoo import make as make_zoo
 from planner.candidates import enumerate_candidates
 from schemas import ClusterSpec, LayerSpec, ModelSpec, PlanOptions
 from schemas.candidate_count import count_candidates
 from schemas.limits import DEFAULT_MAX_CANDIDATES, MAX_CANDIDATES_ENV, max_candidates
+from schemas.sharding import MeshFacts, ShardingStrategy
+from server.admission import ZOO_MESH_FACTS
 from server.zoo_limits import DEFAULTS, MAX_VALUES, PRESETS, WRESNET_BLOCKS, spec_shape
 from tests.server.factories import exported_chain_spec
 from tests.support.databases import RowCounts
@@ -221,6 +224,13 @@ def test_openapi_shows_the_limits(api: httpx.Client) -> None:
     assert schemas["JobCreated"]["properties"]["deduplicated"]["type"] == "boolean"
 
 
+AXES = ["data", "fsdp", "tensor", "context", "expert"]
+SHARDINGS = [
+    ShardingStrategy(name="mine", mesh_axes={"fsdp": -1, "tensor": 2}),
+    ShardingStrategy(name="four", mesh_axes={"data": 2, "expert": 2}, rules={"batch": ("data",)}),
+]
+
+
 def test_the_count_is_the_planners() -> None:
     """`count_candidates` in closed form equals `len(enumerate_candidates(...).keys)`."""
     rng = random.Random(15)
@@ -250,14 +260,22 @@ def test_the_count_is_the_planners() -> None:
             submesh_space=space,
             manual_submeshes=manual,
             config_space=rng.choice(["all", "single_node_model_parallel", "data_parallel_only"]),
-            strategies=rng.sample(["data", "megatron", "fsdp"], rng.randint(1, 3)),
+            strategies=rng.sample(["data", "megatron", "fsdp"], rng.randint(0, 3)),
+            mesh_axes=rng.sample(AXES, rng.randint(1, 5)),
+            tensor_across_hosts=rng.random() < 0.5,
+            shardings=rng.choice([[], SHARDINGS]),
             layer_imbalance_tolerance=rng.choice([None, 0.1, 0.5, 1.0, 3.0]),
         )
         want = len(enumerate_candidates(spec, cluster, options).keys)
-        got = count_candidates(num_layers, cluster, options, spec.micro_batch_size, flops)
+        facts = spec.mesh_facts
+        got = count_candidates(
+            num_layers, cluster, options, spec.micro_batch_size, flops, facts=facts
+        )
         assert got.exact and got.total == want, (cluster, options, flops)
-        bound = count_candidates(num_layers, cluster, options, spec.micro_batch_size)
+        bound = count_candidates(num_layers, cluster, options, spec.micro_batch_size, facts=facts)
         assert bound.total >= want and bound.exact == (options.layer_imbalance_tolerance is None)
+        unknown = count_candidates(num_layers, cluster, options, spec.micro_batch_size, flops)
+        assert unknown.total >= want
 
 
 def test_counting_is_cheap_for_the_largest_request() -> None:
@@ -295,3 +313,66 @@ def test_the_zoo_shape_is_what_the_runner_builds(name: str, config: dict) -> Non
     zoo = pytest.importorskip("client.zoo")
     spec = zoo.build(name, **config)
     assert spec_shape(name, config) == (spec.num_layers, spec.micro_batch_size)
+
+
+GPT = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER}
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "words"),
+    [
+        (
+            {"shardings": [{"name": "mine", "mesh_axes": {"data": 2, "model": 2}}]},
+            "options.shardings.0.mesh_axes.model.[key]",
+            ("data", "tensor"),
+        ),
+        (
+            {"shardings": [{"name": "mine", "mesh_axes": {"data": 3, "tensor": 2}}]},
+            "options.shardings.0.mesh_axes",
+            ("product 6", "[1, 2, 4]"),
+        ),
+        (
+            {"shardings": [{"name": "m", "mesh_axes": {"data": -1, "fsdp": -1}}]},
+            "options.shardings.0.mesh_axes",
+            ("at most one mesh axis may be -1",),
+        ),
+        (
+            {
+                "shardings": [
+                    {"name": "m", "mesh_axes": {"data": 4}, "rules": {"embed": ["fsdp", "model"]}}
+                ]
+            },
+            "options.shardings.0.rules",
+            ("rule 'embed'", "unknown mesh axis 'model'"),
+        ),
+        (
+            {"mesh_axes": ["data"], "mesh_rules": {"batch": ["data", "fsdp", "data"]}},
+            "options.mesh_rules",
+            ("rule 'batch'", "'data' is used twice"),
+        ),
+        ({"mesh_axes": ["data"], "mesh_rules": "nope"}, "options.mesh_rules", ("maxtext",)),
+        ({"mesh_axes": ["data", "pipeline"]}, "options.mesh_axes.1", ("tensor",)),
+    ],
+)
+def test_bad_sharding_rules_are_refused_naming_the_field(
+    api: httpx.Client, row_counts: RowCounts, options: dict, field: str, words: tuple[str, ...]
+) -> None:
+    refused(api, row_counts, GPT | {"options": options}, field, *words)
+
+
+def test_good_sharding_rules_are_accepted(api: httpx.Client) -> None:
+    options = {
+        "strategies": [],
+        "mesh_axes": ["data", "fsdp", "tensor"],
+        "shardings": [{"name": "mine", "mesh_axes": {"fsdp": -1, "tensor": 2}}],
+    }
+    assert api.post("/v1/plans", json=GPT | {"options": options}).status_code == 202
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_MESH_FACTS))
+def test_the_zoo_mesh_facts_are_the_models(name: str) -> None:
+    """The door's table of zoo mesh facts equals what each zoo model's inputs and logical
+    axes say (`ModelSpec.mesh_facts` reads the same)."""
+    built = make_zoo(name)
+    inputs = [(tuple(v.shape), str(v.dtype)) for v in built.batch.values()]
+    assert ZOO_MESH_FACTS[name] == MeshFacts.of(inputs, built.logical_axes.values())

@@ -168,7 +168,7 @@ def forged(payload: Any) -> str:
         ({"limit": 1001}, "limit"),
         ({"sort": "cost"}, "sort"),
         ({"status": "great"}, "status.0"),
-        ({"strategy": "pipeline"}, "strategy"),
+        ({"strategy": "no spaces!"}, "strategy"),  # names: data, maxtext, yours
         ({"start_min": -1}, "start_min"),
         ({"submesh_id": 2**40}, "submesh_id"),
         ({"start_min": 3, "end_max": 1}, "end_max"),

@@ -188,9 +188,9 @@ def test_cli_prints_the_verdict_and_the_runner_up() -> None:
     print_plan(console, exported_chain_spec(6), plan, stats)
     text = console.export_text()
     assert "plan is stable: runner-up 18.3% slower, measured spread 2.1%" in text
-    assert "runner-up: 0-3 on 1x1 as 1x1/data · 4-5 on 1x1 as 1x1/data" in text
+    assert "runner-up (1f1b): 0-3 on 1x1 as 1x1/data · 4-5 on 1x1 as 1x1/data" in text
     row = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("runner-up"))
-    assert "+18.3%, same schedule" in row
+    assert "runner-up (1f1b)" in row and "+18.3%" in row
     assert "search 2.1 ms (1f1b: 1.3 ms)" in text
     assert "stageprof (1f1b)" in text
     console = Console(record=True, width=200)

@@ -87,3 +87,36 @@ def test_stage_io_inputs_and_outputs(gpt: ModelSpec) -> None:
     inputs, outputs = stage_io(gpt, 4, 5)
     assert [v.name for v in inputs] == ["block2:0", "labels"]
     assert [v.name for v in outputs] == [gpt.loss]
+
+
+# Stage fingerprints of today's strategies as the code before mesh axes computed them (commit
+# a7ad1d8, same spec, submesh, device kind, jax version and options): a stored measurement of
+# a `data` / `megatron` / `fsdp` stage is found and reused. A change that means to re-key
+# stored measurements updates these on purpose.
+LEGACY_FINGERPRINTS = {
+    ("data", (2, 1)): "8344653a5687e68e4e74bcb4b6d71c6ac49adbb9ff1cc49bca69586a185282af",
+    ("megatron", (1, 2)): "de27aa04b815552d9a59c2eb96fa73208c669c424dda64d90822c4835b824b6e",
+    ("fsdp", (2, 1)): "6d09ab1dabbe2b8fb7dca2a920c6449c8b217153ba7a4bdcd2dbde4a38f54c2f",
+}
+
+
+def test_todays_strategies_keep_their_stage_fingerprints() -> None:
+    from schemas.sharding import LEGACY_RULES, ShardingStrategy, fill_mesh_axes
+
+    spec = dense_spec()
+    submesh = SubmeshShape(hosts=1, devices_per_host=2)
+    seen = set()
+    for (strategy, mesh), want in LEGACY_FINGERPRINTS.items():
+        options = {"force_batch_dim_to_mesh_dim": 0} if strategy == "data" else {}
+        config = ShardingConfig(logical_mesh=mesh, strategy=strategy, options=options)
+        fp = stage_fingerprint(spec, 0, 1, submesh, config, "cpu", "0.10.2", PlanOptions())
+        assert fp == want
+        # the same point written out as mesh axes and rules is another config: a new key
+        sizes = fill_mesh_axes(config.axis_sizes, 2)
+        point = ShardingConfig.from_strategy(
+            ShardingStrategy(name=strategy, mesh_axes=sizes, rules=LEGACY_RULES[strategy]),
+            sizes,
+            options=options,
+        )
+        seen.add(stage_fingerprint(spec, 0, 1, submesh, point, "cpu", "0.10.2", PlanOptions()))
+    assert len(seen) == 3 and not seen & set(LEGACY_FINGERPRINTS.values())

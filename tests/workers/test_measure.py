@@ -20,6 +20,7 @@ from schemas import (
     SubmeshShape,
     max_n_succ_stages,
 )
+from schemas.sharding import ShardingStrategy, fill_mesh_axes
 from tests.workers.specs import dense_spec
 from workers.measure import stage as measure_mod
 from workers.measure.stage import TIMING_BUDGET_S, measure_stage, measure_stage_on
@@ -80,10 +81,10 @@ def measure(
     )
 
 
-def ways(spec_text: str, mesh: tuple[int, int]) -> int:
-    """How many ways a PartitionSpec (as text) splits an array on the (data, model) mesh."""
-    axes = re.findall(r"'(data|model)'", spec_text)
-    return math.prod(mesh[0] if a == "data" else mesh[1] for a in axes)
+def ways(spec_text: str, sizes: dict[str, int]) -> int:
+    """How many ways a PartitionSpec (as text) splits an array on a mesh of axis `sizes`."""
+    axes = re.findall(r"'(\w+)'", spec_text)
+    return math.prod(sizes[a] for a in axes)
 
 
 def check_consistent(r: StageProfileResult, spec: ModelSpec, start: int, end: int) -> None:
@@ -96,7 +97,7 @@ def check_consistent(r: StageProfileResult, spec: ModelSpec, start: int, end: in
     assert r.device_kind == jax.devices()[0].device_kind
     assert r.jax_version == jax.__version__
     assert len(r.fingerprint) == 64
-    mesh = r.config.logical_mesh
+    mesh = r.config.axis_sizes
     full = {p.name: p.size_bytes for layer in spec.layers[start : end + 1] for p in layer.params}
     full |= {v.name: v.size_bytes for layer in spec.layers for v in [*layer.inputs]}
     full |= {v.name: v.size_bytes for v in spec.inputs}
@@ -170,12 +171,12 @@ def test_every_strategy_on_1_2_4_8_devices(
     if strategy == "data" or (strategy == "megatron" and tp == 1):
         assert all(shard[p.name] == "P()" for p in mlp.layers[0].params)
     if strategy == "megatron" and tp > 1:
-        assert shard["layer0/w1"] == "P(None, 'model')"
-        assert shard["layer0/w2"] == "P('model',)"
+        assert shard["layer0/w1"] == "P(None, 'tensor')"
+        assert shard["layer0/w2"] == "P('tensor',)"
     if strategy == "fsdp" and dp > 1:
-        assert "'data'" in shard["layer0/w1"] and "'data'" in shard["layer0/w2"]
+        assert "'fsdp'" in shard["layer0/w1"] and "'fsdp'" in shard["layer0/w2"]
     if dp > 1:
-        assert shard["x"] == "P('data',)"
+        assert shard["x"] == ("P('fsdp',)" if strategy == "fsdp" else "P('data',)")
 
 
 @pytest.mark.parametrize(
@@ -333,3 +334,29 @@ def test_a_range_outside_the_model_is_a_result(mlp: ModelSpec) -> None:
         r = measure(mlp, start, end, 2, (2, 1), "data")
         assert r.status == ProfileStatus.compile_error
         assert "outside the model" in (r.error or "")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "split"),
+    [
+        ({"context": 4}, "P(None, 'context')"),  # the sequence dim of the block's input
+        ({"data": 2, "context": 2}, "P('data', 'context')"),
+        ({"fsdp": 2, "tensor": 2}, "P('fsdp',)"),
+    ],
+)
+def test_a_mesh_axes_config_measures_with_its_rules(
+    gpt: ModelSpec, sizes: dict[str, int], split: str
+) -> None:
+    """A GPT block under MaxText's rules on a mesh-axes config: activations split on the
+    batch and sequence rules, parameters by their logical axes, sizes consistent."""
+    strategy = ShardingStrategy(name="maxtext", mesh_axes=sizes)
+    config = ShardingConfig.from_strategy(strategy, fill_mesh_axes(sizes, 4))
+    r = measure_stage_on(
+        gpt, 1, 1, SubmeshShape(hosts=1, devices_per_host=4), config, CLUSTER, FAST
+    )
+    check_consistent(r, gpt, 1, 1)
+    block_input = gpt.layers[1].inputs[0].name
+    assert r.input_shardings[block_input] == split
+    assert r.config.mesh_axes == fill_mesh_axes(sizes, 4)
+    if sizes.get("tensor"):
+        assert "'tensor'" in r.input_shardings["blocks/0/w1"]

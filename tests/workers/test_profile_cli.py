@@ -21,7 +21,7 @@ def test_json_prints_the_stage_profile_result(capsys: pytest.CaptureFixture[str]
     assert len(result.module_profile_results) == 5  # schedule auto: B and W measured too
     assert result.weight_stash_size > 0
     assert all(len(m.compute_cost_samples_s) == 2 for m in result.module_profile_results)
-    assert result.input_shardings["layer0/w1"] == "P(None, 'model')"
+    assert result.input_shardings["layer0/w1"] == "P(None, 'tensor')"
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:

@@ -81,10 +81,8 @@ class EstimateLoop:
             if wanted:  # keep_idle: the next round comes within seconds
                 self.ctx.measure(wanted, sink, keep_idle=True)
 
-        required = {k.as_tuple() for k in self.options.measure_stages} | set(self.ctx.direct)
-        asked = [
-            fp for fp in to_measure if any(k.as_tuple() in required for k in self.keys_by_fp[fp])
-        ]
+        by_user = self._with_keys(to_measure, {k.as_tuple() for k in self.options.measure_stages})
+        asked = by_user | self._with_keys(to_measure, set(self.ctx.direct))
         profiles = [fp for fp in to_measure if self._is_profile(fp) or fp in asked]
         plain = [fp for fp in profiles if not self._all_remat(fp)]
         self._say("layer profiles")
@@ -94,7 +92,7 @@ class EstimateLoop:
             if self._memory_could_bind():
                 measure(variants)
             else:  # every as-written stage has room: no variant can help (unless asked for)
-                measure([fp for fp in variants if fp in asked])
+                measure([fp for fp in variants if fp in by_user])
                 variant_fps = {fp for fp in pending if self._all_remat(fp)}
                 logger.info(
                     "job %s: memory is ample, %d remat-variant stages not needed",
@@ -147,12 +145,21 @@ class EstimateLoop:
         )
         return plan.model_copy(update={"search": summary})
 
+    def _with_keys(self, fps: list[str], keys: set[Key]) -> set[str]:
+        """The fingerprints of `fps` that some candidate of `keys` has."""
+        return {fp for fp in fps if any(k.as_tuple() in keys for k in self.keys_by_fp[fp])}
+
     def _is_profile(self, fp: str) -> bool:
         classes = self.search.estimator.layer_classes
         return any(planner.is_profiled(k.as_tuple(), classes) for k in self.keys_by_fp[fp])
 
     def _all_remat(self, fp: str) -> bool:
-        return all(self.space.is_remat(k) for k in self.keys_by_fp[fp])
+        """Whether every candidate of `fp` is a remat variant of an as-written candidate
+        (a variant asked for alone, `--remat full`, is the stage itself)."""
+        return all(
+            planner.as_written_sibling(self.space, k.as_tuple()) is not None
+            for k in self.keys_by_fp[fp]
+        )
 
     def _memory_could_bind(self) -> bool:
         """Whether some as-written stage, measured or estimated, lacks the room a schedule

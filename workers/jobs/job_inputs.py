@@ -79,6 +79,7 @@ def enumerate_space(
         spec.micro_batch_size,
         [x.flops for x in spec.layers],
         len(planner.remat_choices(spec, options.remat)),
+        spec.mesh_facts,
     )
     if count.total > cap:
         raise JobFailed(

@@ -46,7 +46,7 @@ def measure_pruned(
             return any(
                 k.as_tuple() in asked
                 or planner.remat_worth_measuring(
-                    k.as_tuple(), space, measured, spec.num_layers, cluster.num_devices, options
+                    k.as_tuple(), space, measured, spec.num_layers, cluster, options
                 )
                 for k in keys_by_fp[fp]
             )

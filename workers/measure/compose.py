@@ -67,8 +67,15 @@ def stage_stash(layers: Sequence[LayerSpec]) -> list[VarSpec]:
     return stash
 
 
-def compose_stage(spec: ModelSpec, start: int, end: int) -> StageProgram:
-    """The stage of layers `start..end` (inclusive) as jittable forward and backward."""
+Constrain = Callable[[VarSpec, jax.Array], jax.Array]
+
+
+def compose_stage(
+    spec: ModelSpec, start: int, end: int, constrain: Constrain | None = None
+) -> StageProgram:
+    """The stage of layers `start..end` (inclusive) as jittable forward and backward.
+    `constrain(var, value)`, when given, places each layer output the forward makes (e.g. a
+    sharding constraint by the config's activation rules)."""
     if not 0 <= start <= end < spec.num_layers:
         raise ValueError(f"bad layer range {start}..{end} for {spec.num_layers} layers")
     layers = spec.layers[start : end + 1]
@@ -94,7 +101,8 @@ def compose_stage(spec: ModelSpec, start: int, end: int) -> StageProgram:
             args = [env[p.name] for p in layer.params] + [env[v.name] for v in layer.inputs]
             results = fwd.call(*args)
             n_out = len(layer.outputs)
-            env.update(zip((v.name for v in layer.outputs), results[:n_out], strict=True))
+            for v, value in zip(layer.outputs, results[:n_out], strict=True):
+                env[v.name] = value if constrain is None else constrain(v, value)
             for k, r in enumerate(results[n_out:]):
                 env[residual_name(layer, k)] = r
         return tuple(env[n] for n in output_names), tuple(env[n] for n in stash_names)

@@ -59,6 +59,21 @@ def _shape(v: VarSpec) -> list[Any]:
     return [list(v.shape), v.dtype]
 
 
+def config_doc(config: ShardingConfig) -> dict[str, Any]:
+    """What a stage fingerprint says of its config. Today's strategies keep the document they
+    always had (so stored measurements stay found); a mesh-axes config adds its axis sizes
+    and rule table."""
+    doc: dict[str, Any] = {
+        "logical_mesh": list(config.logical_mesh),
+        "strategy": config.strategy,
+        "options": config.options,
+    }
+    if config.mesh_axes is not None:
+        doc["mesh_axes"] = dict(config.mesh_axes)
+        doc["rules"] = {k: list(v) for k, v in (config.rules or {}).items()}
+    return doc
+
+
 def stage_fingerprint_doc(
     spec: ModelSpec,
     start: int,
@@ -98,11 +113,7 @@ def stage_fingerprint_doc(
         "inputs": [[name(v.name)] + _shape(v) for v in inputs],
         "outputs": [[name(v.name)] + _shape(v) for v in outputs],
         "submesh": list(submesh.as_tuple()),
-        "config": {
-            "logical_mesh": list(config.logical_mesh),
-            "strategy": config.strategy,
-            "options": config.options,
-        },
+        "config": config_doc(config),
         "device_kind": device_kind,
         "jax_version": jax_version,
         "profile": {k: getattr(options, k) for k in MEASUREMENT_OPTIONS},

@@ -20,7 +20,7 @@ from schemas import LayerSpec, ModelSpec, ShardingConfig, VarSpec
 from workers.measure.compose_scan import ScanStageProgram, compose_scan_stage, float_outputs
 from workers.measure.layer_keys import layer_key
 from workers.measure.scan_runs import Run
-from workers.measure.sharding import DATA_AXIS, StageShardings, batch_spec
+from workers.measure.sharding import StageShardings
 from workers.measure.stage_modules import CompiledModule, StageModules
 
 
@@ -33,7 +33,7 @@ def scan_shardings(program: ScanStageProgram, unrolled: StageShardings) -> Stage
         params.append(
             s if len(sources) == 1 else NamedSharding(s.mesh, PartitionSpec(None, *s.spec))
         )
-    return StageShardings(mesh=unrolled.mesh, params=params, inputs=unrolled.inputs)
+    return dataclasses.replace(unrolled, params=params)
 
 
 _LAYER_FLOPS: dict[tuple, float] = {}
@@ -95,8 +95,7 @@ class ScanStageModules(StageModules):
         )
 
     def _var(self, v: VarSpec) -> jax.ShapeDtypeStruct:
-        dp = self.shardings.mesh.shape[DATA_AXIS]
-        sharding = NamedSharding(self.shardings.mesh, batch_spec(v, dp))
+        sharding = self.shardings.activation(v)
         return jax.ShapeDtypeStruct(tuple(v.shape), v.dtype, sharding=sharding)
 
     def _body_args(self, i: int, run: Run, forward: bool) -> list[jax.ShapeDtypeStruct]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from schemas import FLOAT_DTYPES, LayerSpec, ModelSpec, ParamSpec, ShardingConfig
 from schemas.settings import env_settings
 from workers.measure.layer_keys import layer_key
-from workers.measure.sharding import PARAM_RULES
+from workers.measure.sharding import config_param_specs
 
 MIN_RUN = 2
 
@@ -100,8 +100,7 @@ def _param_specs(spec: ModelSpec, start: int, end: int, config: ShardingConfig) 
     for layer in spec.layers[start : end + 1]:
         for p in layer.params:
             params.setdefault(p.name, p)
-    dp, tp = config.logical_mesh
-    specs = PARAM_RULES[config.strategy](list(params.values()), dp, tp)
+    specs = config_param_specs(config, list(params.values()))
     return {n: str(s) for n, s in zip(params, specs, strict=True)}
 
 

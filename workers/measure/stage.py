@@ -34,7 +34,12 @@ from workers.measure.memory import estimate_initial_bytes
 from workers.measure.quiet import compile_slot, timing_slot
 from workers.measure.scan_modules import scan_stage_modules
 from workers.measure.scan_runs import scan_stages_enabled
-from workers.measure.sharding import make_mesh, stage_shardings
+from workers.measure.sharding import (
+    activation_constraint,
+    make_mesh,
+    sequence_length,
+    stage_shardings,
+)
 from workers.measure.stage_modules import CompiledModule, StageModules
 from workers.measure.timing import (
     CandidateTimeout,
@@ -367,10 +372,13 @@ def _measure(
         )
     with _failing_as(ProfileStatus.compile_error, "building the logical mesh"):
         mesh = make_mesh(devices, config)
+    seq_len = sequence_length(spec)
+    # today's strategies leave the activations inside a stage to the partitioner, as before
+    constrain = None if config.is_legacy else activation_constraint(mesh, config, seq_len)
     with _failing_as(ProfileStatus.compile_error, "composing the stage"):
-        program = compose_stage(spec, start, end)
+        program = compose_stage(spec, start, end, constrain)
     deadline.check("compose")
-    shardings = stage_shardings(mesh, config, program.params, program.inputs)
+    shardings = stage_shardings(mesh, config, program.params, program.inputs, seq_len)
     measured.input_shardings = shardings.describe(program.params, program.inputs)
     estimate = estimate_initial_bytes(program.params, shardings.params, options.optimizer)
     if estimate > available:
