@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         # variants among the candidates), as every run recorded in RESULTS.md
         schedule="1f1b",
         remat="as_written",
+        # every layer in the pipeline: Alpa's space, the one every recorded run compared
+        outside_layers=False,
         num_microbatches=args.micro_batches,
         config_space=CONFIG_SPACE,
         strategies=STRATEGIES,

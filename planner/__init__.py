@@ -17,6 +17,7 @@ from planner.estimate import (
     layer_profile_keys,
     with_layer_profiles,
 )
+from planner.outside import with_layers_outside
 from planner.plan import build_plan, manual_stage_option
 from planner.prune import StagePruner, range_lower_bounds
 from planner.remat import as_written_sibling, remat_worth_measuring, room_needed
@@ -63,4 +64,5 @@ __all__ = [
     "training_dp",
     "transfer_seconds",
     "with_layer_profiles",
+    "with_layers_outside",
 ]

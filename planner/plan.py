@@ -14,8 +14,9 @@ from planner.baselines import baseline_plans
 from planner.candidates import CandidateSpace
 from planner.dp import training_dp
 from planner.errors import NoFeasiblePlan
+from planner.outside import search_with_outside
 from planner.remat import memory_misses
-from planner.search import Proposal, ScheduleSearch, search_schedule
+from planner.search import Proposal, ScheduleSearch
 from planner.stability import (
     OtherPlan,
     assess,
@@ -129,8 +130,11 @@ def build_plan(
     ranks = config_ranks(space)
     names = AUTO_ORDER if options.schedule == "auto" else (options.schedule,)
     began = time.perf_counter()
+    outside = options.allows_outside
     searches = [
-        search_schedule(n, table, space, num_devices, micro, ranks, options.virtual_stages)
+        search_with_outside(
+            n, spec, table, space, num_devices, micro, ranks, options.virtual_stages, outside
+        )
         for n in names
     ]
     search_seconds = time.perf_counter() - began
@@ -161,6 +165,7 @@ def build_plan(
             schedule_name=other.schedule,  # type: ignore[arg-type]
             virtual_stages=prop.virtual_stages,
             baseline=other.baseline,
+            outside=[planned_stage(spec, space, table, k) for k in prop.outside],
         )
     noise = max(spread, runner_up.cost_spread) if runner_up else spread
     other_time = runner_up.predicted_iteration_time_s if runner_up else None
@@ -179,8 +184,11 @@ def build_plan(
         include_communication=options.include_communication,
         baselines=baselines,
         schedule=best.schedule.events,
-        # Alpa replays one stage per submesh: an interleaved plan's chunks have no such form.
-        manual_stage_option=manual_stage_option(stages) if best.virtual_stages == 1 else None,
+        # Alpa replays one stage per submesh: an interleaved plan's chunks, or layers run
+        # outside the pipeline, have no such form.
+        manual_stage_option=(
+            manual_stage_option(stages) if best.virtual_stages == 1 and not best.outside else None
+        ),
         cost_spread=spread,
         runner_up=runner_up,
         stability=assess(best.time, other_time, noise),
@@ -191,6 +199,8 @@ def build_plan(
         schedules=[_option(spec, space, table, s, s is chosen) for s in searches],
         target=options.target,
         maxtext=maxtext,
+        outside=[planned_stage(spec, space, table, k) for k in best.outside],
+        outside_time_s=best.outside_s,
     )
 
 
@@ -251,7 +261,8 @@ def _option(
         peak_memory=int(max(best.memory)),
         dp_cost_s=best.proxy,
         search_seconds=search.seconds,
-        layout=stage_layout([planned_stage(spec, space, table, k) for k in best.keys]),
+        layout=stage_layout([planned_stage(spec, space, table, k) for k in best.keys])
+        + "".join(f" · {k[0]} outside on all devices" for k in best.outside),
         chosen=chosen,
     )
 

@@ -9,7 +9,8 @@ stages may follow before the stage's activations overflow; `q` = how many stages
 it, at most one per remaining layer and device):
 - `1f1b`: `q` (it keeps `q + 1` micro-batches);
 - `zb-h1`: `q + 1` (one more for the weight stashes it keeps beside them);
-- `gpipe`, `interleaved`: `B - 1` (every micro-batch in flight, the conservative bound).
+- `gpipe`, `interleaved`: `B - 1` (every micro-batch in flight, the conservative bound);
+  always considered for `target: maxtext` (MaxText runs GPipe or circular).
 """
 
 from collections.abc import Mapping
@@ -43,6 +44,8 @@ def room_needed(
     _, end, m, _ = key
     follow = max(0, min(num_layers - 1 - end, num_devices - space.submeshes[m].num_devices))
     considered = SCHEDULES if options.schedule == "auto" else (options.schedule,)
+    if options.target == "maxtext":  # MaxText's plan runs GPipe or circular (interleaved)
+        considered = (*considered, "gpipe", "interleaved")
     need = {
         "1f1b": follow,
         "zb-h1": follow + 1,

@@ -51,6 +51,8 @@ class Proposal:
     """A plan a search proposes, as simulated under its schedule.
 
     `memory[s]`: predicted bytes per device of stage `s`'s device group under the schedule.
+    `outside`: the one-layer stages of layers run on every device outside the pipeline
+    (`planner.outside`), whose `outside_s` seconds add to the pipeline's simulated time.
     """
 
     keys: list[Key]
@@ -60,10 +62,12 @@ class Proposal:
     schedule: Schedule
     memory: list[float]
     fits: bool
+    outside: tuple[Key, ...] = ()
+    outside_s: float = 0.0
 
     @property
     def time(self) -> float:
-        return self.schedule.iteration_time_s
+        return self.schedule.iteration_time_s + self.outside_s
 
 
 @dataclass

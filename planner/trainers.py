@@ -92,30 +92,54 @@ def maxtext_parallelism(
 
 
 @dataclass(frozen=True)
-class _Candidate:
-    time: float
+class MaxTextCandidate:
+    """One MaxText-expressible plan: uniform chunks of the blocks on one submesh and config,
+    `repeats` rounds of the stages (1: GPipe, more: circular), simulated."""
+
+    time: float  # pipeline + outside, seconds per iteration
     pipeline: float
     keys: list[Key]
     repeats: int
     settings: dict[str, int | str]
 
 
+@dataclass(frozen=True)
+class MaxTextSpace:
+    """Every MaxText-expressible plan of a table, fastest first, with what they share: the
+    block run, the layers outside it and their time (and the one-layer stages it is costed
+    from), or why there is none."""
+
+    run: tuple[int, int] | None
+    outside: list[int]
+    outside_time: float
+    outside_keys: list[Key]
+    ranked: list[MaxTextCandidate]
+    reason: str = ""
+
+    def keys_of(self, candidate: MaxTextCandidate) -> list[Key]:
+        """The stages the candidate's time rests on: its chunks and the outside layers'."""
+        return [*candidate.keys, *self.outside_keys]
+
+
 def _outside_time(
     table: CostTable, space: CandidateSpace, layers: Sequence[int], devices: int, micro: int
-) -> tuple[float, str | None]:
+) -> tuple[float, list[Key], str | None]:
     total = 0.0
+    keys: list[Key] = []
     by_size = sorted(range(len(space.submeshes)), key=lambda m: -space.submeshes[m].num_devices)
     for i in layers:
         cost = table.forward[i, i] + table.backward[i, i]  # [S, C]
         best = math.inf
         for m in by_size:
             if cost[m].size and math.isfinite(float(cost[m].min())):
-                best = float(cost[m].min()) * space.submeshes[m].num_devices / devices
+                c = int(cost[m].argmin())
+                best = float(cost[m, c]) * space.submeshes[m].num_devices / devices
+                keys.append((i, i, m, c))
                 break
         if not math.isfinite(best):
-            return math.inf, f"layer {i} has no measured one-layer stage to cost it outside"
+            return math.inf, keys, f"layer {i} has no measured one-layer stage to cost it outside"
         total += best * micro
-    return total, None
+    return total, keys, None
 
 
 def _chunk_keys(first: int, blocks: int, chunks: int, m: int, c: int) -> list[Key]:
@@ -123,37 +147,23 @@ def _chunk_keys(first: int, blocks: int, chunks: int, m: int, c: int) -> list[Ke
     return [(first + j * k, first + (j + 1) * k - 1, m, c) for j in range(chunks)]
 
 
-def maxtext_search(
-    spec: ModelSpec,
-    cluster: ClusterSpec,
-    space: CandidateSpace,
-    table: CostTable,
-    micro: int,
-    unrestricted: Sequence[PlannedStage],
-    unrestricted_time: float,
-    unrestricted_schedule: str,
-) -> MaxTextPlan:
-    """The fastest MaxText-expressible plan (simulated), or why there is none."""
+def maxtext_space(
+    spec: ModelSpec, cluster: ClusterSpec, space: CandidateSpace, table: CostTable, micro: int
+) -> MaxTextSpace:
+    """Every MaxText-expressible plan on `table` that fits its schedule's memory rule,
+    fastest first (ties: the order tried), or the reasons there is none."""
     devices = cluster.num_devices
     run = block_run(spec)
     if run is None:
-        return MaxTextPlan(
-            feasible=False,
-            reason="no repeated blocks: no two consecutive layers share a fingerprint",
-            unrestricted_time_s=unrestricted_time,
-        )
+        none = "no repeated blocks: no two consecutive layers share a fingerprint"
+        return MaxTextSpace(None, [], math.inf, [], [], none)
     first, last = run
     blocks = last - first + 1
     outside = [i for i in range(spec.num_layers) if not first <= i <= last]
-    outside_time, why = _outside_time(table, space, outside, devices, micro)
-    base = {
-        "blocks": run,
-        "outside_layers": [spec.layers[i].name for i in outside],
-        "unrestricted_time_s": unrestricted_time,
-    }
-    if why:
-        return MaxTextPlan(feasible=False, reason=why, **base)  # type: ignore[arg-type]
-    best: _Candidate | None = None
+    outside_time, outside_keys, missing = _outside_time(table, space, outside, devices, micro)
+    if missing:
+        return MaxTextSpace(run, outside, math.inf, outside_keys, [], missing)
+    found: list[MaxTextCandidate] = []
     tried: list[str] = []
     for m, sub in enumerate(space.submeshes):
         n = sub.num_devices
@@ -186,26 +196,53 @@ def maxtext_search(
                         f"{stages} stages × {r} repeats on {config.label()}: out of memory"
                     )
                     continue
+                settings: dict[str, int | str] = {
+                    **par,
+                    "num_layers_per_pipeline_stage": blocks // (stages * r),
+                    "num_pipeline_repeats": r,
+                    "num_pipeline_microbatches": micro,
+                    "pipeline_parallel_layers": blocks,
+                    **maxtext_remat(config),
+                }
                 total = sched.iteration_time_s + outside_time
-                if best is None or total < best.time - 1e-15:
-                    settings: dict[str, int | str] = {
-                        **par,
-                        "num_layers_per_pipeline_stage": blocks // (stages * r),
-                        "num_pipeline_repeats": r,
-                        "num_pipeline_microbatches": micro,
-                        "pipeline_parallel_layers": blocks,
-                        **maxtext_remat(config),
-                    }
-                    best = _Candidate(total, sched.iteration_time_s, keys, r, settings)
+                found.append(MaxTextCandidate(total, sched.iteration_time_s, keys, r, settings))
             if not keys_ok:
                 tried.append(
                     f"{stages} stages on {config.label()}: "
                     "uniform chunks not measured (pruned) or failed"
                 )
-    if best is None:
+    ranked = sorted(found, key=lambda x: round(x.time, 15))  # stable: first tried wins ties
+    reason = ""
+    if not ranked:
         why = "; ".join(tried) or "no submesh splits the devices into 2 or more stages"
         reason = f"no uniform plan of the {blocks} blocks ({why})"
-        return MaxTextPlan(feasible=False, reason=reason, **base)  # type: ignore[arg-type]
+    return MaxTextSpace(run, outside, outside_time, outside_keys, ranked, reason)
+
+
+def maxtext_search(
+    spec: ModelSpec,
+    cluster: ClusterSpec,
+    space: CandidateSpace,
+    table: CostTable,
+    micro: int,
+    unrestricted: Sequence[PlannedStage],
+    unrestricted_time: float,
+    unrestricted_schedule: str,
+) -> MaxTextPlan:
+    """The fastest MaxText-expressible plan (simulated), or why there is none."""
+    found = maxtext_space(spec, cluster, space, table, micro)
+    if found.run is None:
+        return MaxTextPlan(
+            feasible=False, reason=found.reason, unrestricted_time_s=unrestricted_time
+        )
+    base = {
+        "blocks": found.run,
+        "outside_layers": [spec.layers[i].name for i in found.outside],
+        "unrestricted_time_s": unrestricted_time,
+    }
+    if not found.ranked:
+        return MaxTextPlan(feasible=False, reason=found.reason, **base)  # type: ignore[arg-type]
+    best = found.ranked[0]
     m, c = best.keys[0][2], best.keys[0][3]
     return MaxTextPlan(
         feasible=True,
@@ -216,8 +253,8 @@ def maxtext_search(
         config=space.configs[m][c],
         predicted_iteration_time_s=best.time,
         pipeline_time_s=best.pipeline,
-        outside_time_s=outside_time,
-        not_expressible=not_expressible(unrestricted, unrestricted_schedule, run),
+        outside_time_s=found.outside_time,
+        not_expressible=not_expressible(unrestricted, unrestricted_schedule, found.run),
         **base,  # type: ignore[arg-type]
     )
 

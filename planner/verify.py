@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,10 +26,12 @@ import numpy as np
 from planner.candidates import CandidateSpace
 from planner.estimate import StageEstimator, is_profiled, relative_error
 from planner.estimate_table import EstimatedTable, estimated_table
+from planner.outside import search_with_outside
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
-from planner.search import Proposal, search_schedule
+from planner.search import Proposal
 from planner.table import CostTable, Key, build_cost_table
+from planner.trainers import maxtext_search, maxtext_space
 from schemas import (
     ClusterSpec,
     ModelSpec,
@@ -66,6 +68,9 @@ class EstimateSearch:
     # the simulated time of the last round's best plan on the optimistic table (a plan of
     # measured stages when the search stopped on one); None: no round found a plan
     best_time: float | None = None
+    # stages the job decided not to measure (e.g. remat variants where memory is ample):
+    # neither estimated nor planned with
+    skipped: set[Key] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         classes: dict[str, int] = {}
@@ -101,8 +106,12 @@ class EstimateSearch:
             return max(PRIOR_BAND, max(errors, default=0.0))
         return max(MIN_BAND, float(np.quantile(errors, 0.75)))
 
+    def skip(self, keys: Iterable[Key]) -> None:
+        """Stages the job will not measure: never estimated, so never asked for."""
+        self.skipped.update(keys)
+
     def candidates(self) -> set[Key]:
-        return {k.as_tuple() for k in self.space.keys}
+        return {k.as_tuple() for k in self.space.keys} - self.skipped
 
     def point_table(self) -> EstimatedTable:
         """Measured results and every other candidate's estimate, as a cost table."""
@@ -110,7 +119,11 @@ class EstimateSearch:
             self.spec, self.cluster, self.space, self.measured, self.options.include_communication
         )
         return estimated_table(
-            self.estimator, measured, self.candidates(), self.spec.num_layers, self.scaled
+            self.estimator,
+            measured,
+            self.candidates(),
+            self.spec.num_layers,
+            frozenset(self.scaled - self.skipped),
         )
 
     def point_costs(self, point: EstimatedTable | None = None) -> dict[Key, float]:
@@ -147,68 +160,119 @@ class EstimateSearch:
         names = AUTO_ORDER if self.options.schedule == "auto" else (self.options.schedule,)
         found: list[Proposal] = []
         for name in names:
-            search = search_schedule(
+            search = search_with_outside(
                 name,
+                self.spec,
                 table,
                 self.space,
                 self.cluster.num_devices,
                 self.options.num_microbatches,
                 ranks,
                 self.options.virtual_stages,
+                self.options.allows_outside,
             )
             found.extend(search.ranked)
         return sorted(found, key=lambda p: p.time)
 
     def next_round(self) -> list[Key]:
-        """The stages to measure next; empty when the search is done (see the module doc)."""
+        """The stages to measure next; empty when the search is done (see the module doc).
+        With `target: maxtext` the best MaxText plan (`planner.trainers.maxtext_space`) is
+        verified the same way, beside the unrestricted one."""
         if self.rounds >= MAX_ROUNDS:
             self.stopped = f"stopped after {MAX_ROUNDS} rounds"
             return []
         self.rounds += 1
         point = self.point_table()
-        ranked = self.proposals(self.optimistic_table(point))
-        if not ranked:
+        optimistic = self.optimistic_table(point)
+        ranked = self.proposals(optimistic)
+        restricted = self._maxtext_ranked(optimistic)
+        if not ranked and not restricted:
             self.stopped = "no plan is feasible on the estimates"
             return []
-        best = ranked[0]
-        self.best_time = best.time
-        wanted = self._unmeasured(best.keys)
+        self.best_time = ranked[0].time if ranked else None
+        wanted = self._to_verify([(p.time, [*p.keys, *p.outside]) for p in ranked])
+        wanted += [k for k in self._to_verify(restricted) if k not in wanted]
         if not wanted:
             self.stopped = "the best plan is measured"
+            if self.options.target == "maxtext":
+                self.stopped = "the best plan and the best MaxText plan are measured"
             self.rounds -= 1  # this round measured nothing
             return []
-        limit = best.time * (1.0 + self.band())
-        cap = len(wanted) + NEW_PER_ROUND
-        for other in ranked[1:]:
-            if other.time > limit or len(wanted) >= cap:
-                break
-            wanted += [k for k in self._unmeasured(other.keys) if k not in wanted]
         costs = self.point_costs(point)
         for key in wanted:
             if key in costs:
                 self.estimated_at_choice[key] = costs[key]
         logger.info(
-            "round %d: best %.6g s (%d of %d stages unmeasured), measuring %d, band %.3f",
+            "round %d: best %.6g s, MaxText's %.6g s, measuring %d, band %.3f",
             self.rounds,
-            best.time,
-            len(self._unmeasured(best.keys)),
-            len(best.keys),
+            ranked[0].time if ranked else math.inf,
+            restricted[0][0] if restricted else math.inf,
             len(wanted),
             self.band(),
         )
         return wanted
+
+    def _to_verify(self, ranked: Sequence[tuple[float, list[Key]]]) -> list[Key]:
+        """The unmeasured stages of the fastest plan of `ranked` (time, stages; fastest
+        first) and, while it has any, of the plans within the band of it (a few more)."""
+        if not ranked:
+            return []
+        best_time, best_keys = ranked[0]
+        wanted = self._unmeasured(best_keys)
+        if not wanted:
+            return []
+        limit = best_time * (1.0 + self.band())
+        cap = len(wanted) + NEW_PER_ROUND
+        for time, keys in ranked[1:]:
+            if time > limit or len(wanted) >= cap:
+                break
+            wanted += [k for k in self._unmeasured(keys) if k not in wanted]
+        return wanted
+
+    def _maxtext_ranked(self, table: CostTable) -> list[tuple[float, list[Key]]]:
+        """The MaxText plans of `table` (target maxtext only), fastest first: their time and
+        the stages it rests on (chunks and the outside layers' one-layer stages)."""
+        if self.options.target != "maxtext":
+            return []
+        found = maxtext_space(
+            self.spec, self.cluster, self.space, table, self.options.num_microbatches
+        )
+        return [(c.time, found.keys_of(c)) for c in found.ranked]
 
     def _unmeasured(self, keys: Iterable[Key]) -> list[Key]:
         return [k for k in keys if k not in self.measured]
 
     def plan(self) -> Plan:
         """The plan: the fastest of measured stages; baselines and runner-up may hold
-        estimated stages (marked). Annotated with each stage's estimate and the summary."""
+        estimated stages (marked). Annotated with each stage's estimate and the summary.
+        The MaxText plan (target maxtext) is made of measured stages too."""
         point = self.point_table()
         plan = build_plan(self.spec, self.cluster, self.options, self.space, {}, table=point.table)
-        if any(_key(st) not in self.measured for st in plan.stages):
+        if any(_key(st) not in self.measured for st in [*plan.stages, *plan.outside]):
             logger.info("the best plan on the estimates holds an unmeasured stage: measured only")
             plan = build_plan(self.spec, self.cluster, self.options, self.space, self.measured)
+        elif self.options.target == "maxtext" and self._unmeasured(
+            next(iter(self._maxtext_ranked(point.table)), (0.0, []))[1]
+        ):
+            logger.info("the best MaxText plan on the estimates holds an unmeasured stage")
+            measured = build_cost_table(
+                self.spec,
+                self.cluster,
+                self.space,
+                self.measured,
+                self.options.include_communication,
+            )
+            maxtext = maxtext_search(
+                self.spec,
+                self.cluster,
+                self.space,
+                measured,
+                self.options.num_microbatches,
+                plan.stages,
+                plan.predicted_iteration_time_s,
+                plan.schedule_name,
+            )
+            plan = plan.model_copy(update={"maxtext": maxtext})
         return self._annotate(plan, self.point_costs(point))
 
     def _annotate(self, plan: Plan, point: Mapping[Key, float]) -> Plan:
@@ -228,11 +292,14 @@ class EstimateSearch:
 
         runner_up = plan.runner_up
         if runner_up is not None:
-            runner_up = runner_up.model_copy(update={"stages": mark(runner_up.stages)})
+            runner_up = runner_up.model_copy(
+                update={"stages": mark(runner_up.stages), "outside": mark(runner_up.outside)}
+            )
         baselines = [b.model_copy(update={"stages": mark(b.stages)}) for b in plan.baselines]
         return plan.model_copy(
             update={
                 "stages": mark(plan.stages),
+                "outside": mark(plan.outside),
                 "runner_up": runner_up,
                 "baselines": baselines,
                 "search": self.summary(point),

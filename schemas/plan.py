@@ -164,8 +164,17 @@ class PlanOptions(Frozen):
     target: TrainerName | None = Field(
         None,
         description="The trainer the plan is for: 'maxtext' adds the best plan MaxText can "
-        "run (uniform stages of the repeated blocks; it turns pruning off unless set); "
-        "'jaxpp' marks the plan for JaxPP.",
+        "run (uniform stages of the repeated blocks; the estimate search verifies it as it "
+        "verifies the unrestricted plan; with search 'prune' it turns pruning off unless "
+        "set); 'jaxpp' marks the plan for JaxPP.",
+    )
+    outside_layers: bool = Field(
+        True,
+        description="Let the search run the layers before and after the repeated blocks "
+        "(embedding, head) on every device outside the pipeline, as MaxText does, where "
+        "that is faster: their one-layer stages on all devices are measured too. Not for "
+        "target 'jaxpp' (JaxPP pipelines every layer). false: every layer in the pipeline "
+        "(Alpa's space; such a plan always has Alpa's ManualStageOption form).",
     )
     prune: bool = Field(
         True,
@@ -249,8 +258,14 @@ class PlanOptions(Frozen):
     @classmethod
     def _maxtext_measures_all(cls, data: Any) -> Any:
         """A MaxText plan needs the uniform stages, which pruning (judged against the
-        unrestricted plan) may skip: `target: maxtext` turns pruning off unless set."""
-        if isinstance(data, dict) and data.get("target") == "maxtext" and "prune" not in data:
+        unrestricted plan) may skip: `target: maxtext` with `search: prune` turns pruning
+        off unless set (the estimate search verifies MaxText's best plan itself)."""
+        if (
+            isinstance(data, dict)
+            and data.get("target") == "maxtext"
+            and data.get("search") == "prune"
+            and "prune" not in data
+        ):
             data = {**data, "prune": False}
         if isinstance(data, dict) and data.get("prune") is False and "search" not in data:
             data = {**data, "search": "exhaustive"}
@@ -260,6 +275,11 @@ class PlanOptions(Frozen):
     def search_mode(self) -> SearchMode:
         """The search this job runs: `search`, except that prune: false measures everything."""
         return "exhaustive" if not self.prune else self.search
+
+    @property
+    def allows_outside(self) -> bool:
+        """Whether plans may run the layers around the blocks outside the pipeline."""
+        return self.outside_layers and self.target != "jaxpp"
 
     @property
     def measures_split_backward(self) -> bool:
@@ -543,6 +563,10 @@ class RunnerUpPlan(Frozen):
         ge=0, description="Simulated iteration time under its schedule, seconds."
     )
     stages: list[PlannedStage] = Field(min_length=1)
+    outside: list[PlannedStage] = Field(
+        default_factory=list,
+        description="Its layers run on every device outside the pipeline (as Plan.outside).",
+    )
     schedule_name: ScheduleName | None = Field(
         None, description="Its schedule; null (stored before): the plan's."
     )
@@ -604,7 +628,8 @@ class MicrobatchOption(Frozen):
 
 
 class Plan(Frozen):
-    """A pipeline plan: stages covering every layer, using every device."""
+    """A pipeline plan: stages covering every layer (but those run outside the pipeline on
+    every device, `outside`), using every device."""
 
     stages: list[PlannedStage] = Field(min_length=1)
     num_microbatches: int = Field(ge=1)
@@ -680,6 +705,19 @@ class Plan(Frozen):
     )
     maxtext: MaxTextPlan | None = Field(
         None, description="The best MaxText plan (target 'maxtext' only)."
+    )
+    outside: list[PlannedStage] = Field(
+        default_factory=list,
+        description="Layers run on every device outside the pipeline, before and after it, "
+        "as MaxText runs embedding and head (each its measured one-layer stage on all "
+        "devices, once per micro-batch); `stages` then cover the other layers. Empty: the "
+        "pipeline holds every layer.",
+    )
+    outside_time_s: float = Field(
+        0.0,
+        ge=0,
+        description="The outside layers' time per iteration (forward + backward × "
+        "micro-batches), seconds; part of predicted_iteration_time_s.",
     )
 
     @property

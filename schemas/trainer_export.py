@@ -161,6 +161,12 @@ def export_plan(plan: Plan, fmt: str) -> str:
     if fmt == "json":
         return plan.model_dump_json(indent=2) + "\n"
     if fmt == "alpa":
+        if plan.manual_stage_option is None and plan.outside:
+            raise ExportUnavailable(
+                "Alpa's ManualStageOption has no form for this plan (it runs "
+                + ", ".join(s.layer_names[0] for s in plan.outside)
+                + " on every device outside the pipeline); plan with --no-outside-layers"
+            )
         if plan.manual_stage_option is None:
             raise ExportUnavailable(
                 "Alpa's ManualStageOption has no form for this plan (an interleaved plan's "
@@ -170,5 +176,11 @@ def export_plan(plan: Plan, fmt: str) -> str:
     if fmt == "maxtext":
         return json.dumps(maxtext_export(plan), indent=2) + "\n"
     if fmt == "jaxpp":
+        if plan.outside:
+            raise ExportUnavailable(
+                "JaxPP pipelines every layer, and this plan runs "
+                + ", ".join(s.layer_names[0] for s in plan.outside)
+                + " outside the pipeline; plan again with --for jaxpp"
+            )
         return json.dumps(jaxpp_export(plan), indent=2) + "\n"
     raise ValueError(f"format: unknown {fmt!r}; use one of {', '.join(EXPORT_FORMATS)}")

@@ -106,6 +106,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     field_argument(
         parser, "--for", PlanOptions, "target", dest="target", choices=["maxtext", "jaxpp"]
     )
+    field_argument(
+        parser,
+        "--no-outside-layers",
+        PlanOptions,
+        "outside_layers",
+        dest="outside_layers",
+        action="store_false",
+        help="keep every layer in the pipeline (Alpa's space): never run the layers around "
+        "the repeated blocks on every device outside it (outside_layers: false)",
+    )
     parser.add_argument("--server", help="run the job on a stageprof server at this URL")
     parser.add_argument("--token", help="API token for --server (or STAGEPROF_API_TOKEN)")
     parser.add_argument(
@@ -149,6 +159,7 @@ def _request_parts(args: argparse.Namespace) -> tuple[ClusterSpec, PlanOptions]:
         virtual_stages=args.virtual_stages,
         remat=args.remat,
         target=args.target,
+        outside_layers=args.outside_layers,
         search=args.search,
     )
     return cluster, options

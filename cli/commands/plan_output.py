@@ -154,6 +154,8 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     """The stages table, the predicted time beside the runner-up and each baseline, whether
     the plan is stable against the measured spread, and what it cost."""
     console.print(stage_table(plan, f"pipeline plan for {spec.name}", console.width))
+    if plan.outside:
+        console.print(outside_line(plan), highlight=False)
 
     compare = Table(title="predicted iteration time", title_justify="left")
     compare.add_column("plan", overflow="fold")
@@ -188,6 +190,19 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     for line in summary_lines(plan, stats):
         console.print(line, highlight=False)
     print_trainer(console, plan)
+
+
+def outside_line(plan: Plan) -> str:
+    """What runs on every device outside the pipeline, and its time per iteration."""
+    parts = [
+        f"{st.layer_names[0]} ({st.submesh.hosts}x{st.submesh.devices_per_host} "
+        f"{st.config.label()}, {_ms(st.compute_cost)} ms)"
+        for st in plan.outside
+    ]
+    return (
+        f"outside the pipeline on every device, once per micro-batch: {', '.join(parts)}; "
+        f"{_ms(plan.outside_time_s)} ms per iteration (in the plan's time)"
+    )
 
 
 def summary_lines(plan: Plan, stats: dict[str, Any]) -> list[str]:

@@ -174,3 +174,25 @@ def test_microbatch_search() -> None:
     times = [v["ms"] for v in per_count.values() if v["ms"] is not None]
     assert out["auto_ms"] == min(times)  # never slower than any count searched
     assert out["fixed_ms"] is not None and out["ratio_total"] > 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_maxtext_time_to_plan() -> None:
+    """`--for maxtext` runs the estimate search (not every candidate) and answers a MaxText
+    plan whose settings obey MaxText's constraints, beside the default search's plan."""
+    from tests.planner.test_trainers import check_maxtext_constraints
+
+    args = ("--layers", "2", "--quick", "--micro-batches", "4", "--devices-per-host", "2")
+    out = run_script("maxtext_time_to_plan.py", *args)
+    default, maxtext = out["runs"]["default"], out["runs"]["maxtext"]
+    assert default["search_mode"] == maxtext["search_mode"] == "estimate"
+    assert maxtext["candidates"] == default["candidates"]
+    assert maxtext["measured"] < maxtext["distinct_stages"]  # not every candidate
+    assert maxtext["maxtext_feasible"] and "maxtext_s" not in default
+    check_maxtext_constraints(maxtext["maxtext_settings"], 1, 2)
+    assert maxtext["maxtext_settings"]["pipeline_parallel_layers"] == 2
+    assert maxtext["maxtext_s"] == pytest.approx(
+        maxtext["maxtext_pipeline_s"] + maxtext["maxtext_outside_s"]
+    )
+    assert out["maxtext_over_default"] > 0

@@ -14,12 +14,14 @@ import math
 
 import pytest
 
-from planner.trainers import block_run, maxtext_parallelism
+from planner.trainers import block_run, maxtext_parallelism, maxtext_remat
 from schemas import ShardingConfig
+from schemas.plan import MaxTextPlan
 from schemas.trainer_export import (
     ExportUnavailable,
     maxtext_export,
     maxtext_gap,
+    maxtext_yaml,
 )
 from tests.planner.helpers import cluster
 from tests.planner.trainer_helpers import gpt_plan, gpt_spec
@@ -152,3 +154,27 @@ def test_maxtext_mesh_covers_the_devices_for_every_mesh_axis_config(
                 assert ici * dcn == size
             checked += 1
     assert checked > 20
+
+
+def test_maxtext_target_turns_pruning_off_only_for_the_prune_search() -> None:
+    from schemas import PlanOptions
+
+    assert PlanOptions(target="maxtext").search_mode == "estimate"  # verified by estimates
+    assert PlanOptions(target="maxtext", search="estimate").search_mode == "estimate"
+    assert PlanOptions(target="maxtext", search="prune").search_mode == "exhaustive"
+    assert PlanOptions(target="maxtext", search="prune", prune=True).search_mode == "prune"
+    assert PlanOptions().prune is True and PlanOptions(target="jaxpp").prune is True
+    assert PlanOptions(target="jaxpp").search_mode == "estimate"
+
+
+def test_a_remat_variant_is_maxtexts_remat_policy_and_as_written_sets_none() -> None:
+    """MaxText's `full` saves nothing and `minimal` is checkpoint_dots_with_no_batch_dims
+    (`get_remat_policy` in src/MaxText/layers/decoders.py): our `full` and `dots`."""
+    data = ShardingConfig(logical_mesh=(1, 1), strategy="data")
+    assert maxtext_remat(data) == {}
+    assert maxtext_remat(data.model_copy(update={"remat": "full"})) == {"remat_policy": "full"}
+    assert maxtext_remat(data.model_copy(update={"remat": "dots"})) == {"remat_policy": "minimal"}
+    with_policy = MaxTextPlan(feasible=True, settings={"remat_policy": "minimal"})
+    assert "remat_policy: minimal" in maxtext_yaml(with_policy)
+    assert "as your model config sets it" not in maxtext_yaml(with_policy)
+    assert "as your model config sets it" in maxtext_yaml(MaxTextPlan(feasible=True))

@@ -74,7 +74,9 @@ def test_plan_prints_json_then_reuses_everything(tmp_path: Path) -> None:
     measured = search["layer_profiles"] + search["verified"]
     flat = " ".join(first.stderr.split())
     assert f"estimate search: {measured} measured ({search['layer_profiles']} layer" in flat
-    assert "estimate error" in flat and "est ms" in flat
+    assert "estimate error" in flat
+    if any(s.get("estimated_cost_s") is not None for s in stages):  # a verified stage
+        assert "est ms" in flat or "estimated " in flat  # table or block form
     assert 'id="plan-search"' in report
 
     second = _plan(tmp_path, "--hosts", "1", "--devices-per-host", "2", "--json")

@@ -100,6 +100,7 @@ class EstimateLoop:
                     len(variant_fps),
                 )
                 pending.difference_update(variant_fps)
+                self.search.skip(k.as_tuple() for fp in variant_fps for k in self.keys_by_fp[fp])
                 self.ctx.skip(sorted(variant_fps))
         point = self.search.point_table()
         done = self.search.measured
@@ -116,7 +117,10 @@ class EstimateLoop:
             fresh = [fp for fp in fps if fp in pending]
             if not fresh:  # asked for stages measured already (a race with another job)
                 logger.warning(
-                    "job %s: round %d asked for nothing new", self.job_id, self.search.rounds
+                    "job %s: round %d asked for nothing new (%s)",
+                    self.job_id,
+                    self.search.rounds,
+                    ", ".join(str(k) for k in keys[:8]),
                 )
                 break
             self._say(f"verification round {self.search.rounds}")

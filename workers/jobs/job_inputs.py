@@ -129,7 +129,11 @@ def load_checked(
     if problems:
         raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
     space = enumerate_space(spec, cluster, options, keeper)
-    if options.search_mode != "estimate":
-        return JobInputs(model_id, spec, cluster, options, space)
-    space, scaled, direct = planner.with_layer_profiles(space, [x.fingerprint for x in spec.layers])
+    scaled: list[tuple[int, int, int, int]] = []
+    direct: list[tuple[int, int, int, int]] = []
+    if options.search_mode == "estimate":
+        fps = [x.fingerprint for x in spec.layers]
+        space, scaled, direct = planner.with_layer_profiles(space, fps)
+    if options.allows_outside:  # after the layer profiles: they decide on the whole cluster
+        space = planner.with_layers_outside(space, spec, cluster.num_devices)
     return JobInputs(model_id, spec, cluster, options, space, frozenset(scaled), tuple(direct))
