@@ -248,11 +248,6 @@ def penzai_llamalike(use_layer_stack: bool = True) -> Built:
     return Built(loss_fn, params, _lm_batch())
 
 
-def penzai_stacked_names(params: Mapping[str, Any]) -> dict[str, int]:
-    """The stacked parameters of `penzai_llamalike(use_layer_stack=True)` (layer axis 0)."""
-    return {path_name((jax.tree_util.DictKey(k),)): 0 for k in params if "/blocks/" in k}
-
-
 # --- plain JAX -----------------------------------------------------------------------------
 
 
@@ -369,12 +364,6 @@ def nnx_scan() -> Built:
     return Built(loss_fn, params, _lm_batch())
 
 
-def nnx_scan_stacked(params: Any) -> dict[str, int]:
-    """The stacked parameters of `nnx_scan()` (layer axis 0), by spec name."""
-    named = {path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
-    return {n: 0 for n in named if n.startswith("layers/")}
-
-
 def nnx_dropout() -> Built:
     """An NNX list model with dropout on, its WHOLE state passed as params
     (`nnx.split(model)`): the dropout `RngKey` (a PRNG key array) and `RngCount` (uint32)
@@ -414,6 +403,19 @@ def float_leaves(params: Any) -> dict[str, bool]:
     }
 
 
+def stacked_leaves(params: Any, inside: str, blocks: int) -> dict[str, int]:
+    """The params leaves stacked along a leading layer axis (spec name -> 0): those whose
+    name contains `inside`; each must have `blocks` on axis 0."""
+    stacked = {}
+    for path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = path_name(path)
+        if inside in name:
+            assert value.shape[0] == blocks, (name, value.shape)
+            stacked[name] = 0
+    assert stacked, f"no parameter is stacked under {inside!r}"
+    return stacked
+
+
 # --- the table -----------------------------------------------------------------------------
 
 
@@ -435,13 +437,18 @@ LIBRARY_MODELS: dict[str, LibraryModel] = {
     "equinox_gpt": LibraryModel(equinox_gpt, BLOCKS, "equinox"),
     "haiku_lm": LibraryModel(haiku_lm, BLOCKS, "haiku"),
     "penzai_stack": LibraryModel(
-        lambda: penzai_llamalike(True), BLOCKS, "penzai", penzai_stacked_names
+        lambda: penzai_llamalike(True),
+        BLOCKS,
+        "penzai",
+        lambda p: stacked_leaves(p, "/blocks/", BLOCKS),
     ),
     "penzai_list": LibraryModel(lambda: penzai_llamalike(False), BLOCKS, "penzai"),
     "jax_scan": LibraryModel(
-        jax_scan, SCAN_BLOCKS, "jax", lambda p: {f"blocks/{k}": 0 for k in p["blocks"]}
+        jax_scan, SCAN_BLOCKS, "jax", lambda p: stacked_leaves(p, "blocks/", SCAN_BLOCKS)
     ),
     "nnx_list": LibraryModel(nnx_list, BLOCKS, "flax"),
-    "nnx_scan": LibraryModel(nnx_scan, BLOCKS, "flax", nnx_scan_stacked),
+    "nnx_scan": LibraryModel(
+        nnx_scan, BLOCKS, "flax", lambda p: stacked_leaves(p, "layers/", BLOCKS)
+    ),
     "nnx_dropout": LibraryModel(nnx_dropout, BLOCKS, "flax"),
 }
