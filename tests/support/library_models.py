@@ -22,7 +22,8 @@ from client.tracing import path_name
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers: never reach the Hub
 
-BLOCKS, HIDDEN, HEADS, SEQ, VOCAB, BATCH = 4, 64, 4, 32, 128, 2
+BLOCKS, HIDDEN, HEADS, SEQ, BATCH = 4, 64, 4, 32, 2
+VOCAB = 100  # no block parameter has a dimension of this size: the embedding and head do
 SCAN_BLOCKS = 6  # the plain-JAX scan model
 
 
