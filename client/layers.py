@@ -2,7 +2,7 @@
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -112,3 +112,65 @@ def live_eqns(eqns: Sequence[Any], outvars: Sequence[Any]) -> list[Any]:
             kept.append(eqn)
             needed.update(v for v in eqn.invars if isinstance(v, core.Var))
     return kept[::-1]
+
+
+def localize(pieces: Sequence[Sequence[Any]], can_cross: Callable[[Any], bool]) -> list[list[Any]]:
+    """Each layer's equations (`pieces`, in order), with a copy of the zero-FLOP chain that
+    makes a var no layer boundary can pass (a PRNG key wrapped from its key data) from the
+    parameters, constants and inputs alone, in each later layer that reads it."""
+    made: dict[Any, Any] = {}  # var -> its producing equation
+    owner: dict[Any, int] = {}  # var -> the piece that makes it
+    out: list[list[Any]] = []
+    for s, piece in enumerate(pieces):
+        local: dict[Any, Any] = {}  # original var -> this piece's copy
+        extra: list[Any] = []
+        body = []
+        for eqn in piece:
+            ins = list(eqn.invars)
+            for k, v in enumerate(ins):
+                if isinstance(v, core.Var) and owner.get(v, s) != s and not can_cross(v):
+                    if _carried_chain(v, made, can_cross):
+                        ins[k] = _copy(v, made, local, extra, can_cross)
+            body.append(eqn.replace(invars=ins) if ins != list(eqn.invars) else eqn)
+            for v in eqn.outvars:
+                made[v] = eqn
+                owner[v] = s
+        out.append(extra + body)
+    return out
+
+
+def _copy(
+    v: Any,
+    made: Mapping[Any, Any],
+    local: dict[Any, Any],
+    extra: list[Any],
+    can_cross: Callable[[Any], bool],
+) -> Any:
+    """`v` made again in this layer: its chain of equations appended to `extra`, with fresh
+    vars recorded in `local`."""
+    if v in local:
+        return local[v]
+    eqn = made[v]
+    ins = [
+        _copy(a, made, local, extra, can_cross)
+        if isinstance(a, core.Var) and not can_cross(a) and a in made
+        else a
+        for a in eqn.invars
+    ]
+    fresh = [core.Var(o.aval) for o in eqn.outvars]
+    extra.append(eqn.replace(invars=ins, outvars=fresh))
+    local.update(zip(eqn.outvars, fresh, strict=True))
+    return local[v]
+
+
+def _carried_chain(v: Any, made: Mapping[Any, Any], can_cross: Callable[[Any], bool]) -> bool:
+    """Whether `v` is made by a short chain of equations without nested programs from vars
+    that can cross layer boundaries (parameters, inputs, constants)."""
+    todo, seen = [v], 0
+    while todo:
+        seen += 1
+        eqn = made.get(todo.pop())
+        if eqn is None or seen > 8 or eqn.effects or any(k.endswith("jaxpr") for k in eqn.params):
+            return False
+        todo.extend(a for a in eqn.invars if isinstance(a, core.Var) and not can_cross(a))
+    return True
