@@ -66,10 +66,13 @@ _CALLS = ("jit", "pjit")
 
 
 def inline_scoped_calls(
-    eqns: Sequence[core.JaxprEqn], outvars: Sequence[Atom]
+    eqns: Sequence[core.JaxprEqn],
+    outvars: Sequence[Atom],
+    big: Callable[[core.JaxprEqn], bool] | None = None,
 ) -> tuple[list[core.JaxprEqn], list[Atom]]:
-    """Inline unscoped `jit` calls whose bodies hold layer scopes (a jitted loss function),
-    so their layers can be cut; other calls stay whole. Returns (eqns, outvars)."""
+    """Inline unscoped `jit` calls whose bodies hold layer scopes, or that are `big` (most of
+    the model: a jitted loss or model function), so their layers can be cut; other calls
+    stay whole. Returns (eqns, outvars)."""
     subst: dict[core.Var, Atom] = {}
     out: list[core.JaxprEqn] = []
 
@@ -79,10 +82,13 @@ def inline_scoped_calls(
     for eqn in eqns:
         invars = [sub(subst, v) for v in eqn.invars]
         inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
-        if inner is None or inner.consts or top_scope(eqn) or not _has_scopes(inner.jaxpr):
+        if inner is None or inner.consts or top_scope(eqn):
             out.append(eqn.replace(invars=invars))
             continue
-        body, body_out = inline_scoped_calls(inner.jaxpr.eqns, inner.jaxpr.outvars)
+        if not (_has_scopes(inner.jaxpr) or (big is not None and big(eqn))):
+            out.append(eqn.replace(invars=invars))
+            continue
+        body, body_out = inline_scoped_calls(inner.jaxpr.eqns, inner.jaxpr.outvars, big)
         local = dict(zip(inner.jaxpr.invars, invars, strict=True))
         prefix = eqn.source_info.name_stack
         for inner_eqn in body:
@@ -129,7 +135,7 @@ def localize(pieces: Sequence[Sequence[Any]], can_cross: Callable[[Any], bool]) 
             ins = list(eqn.invars)
             for k, v in enumerate(ins):
                 if isinstance(v, core.Var) and owner.get(v, s) != s and not can_cross(v):
-                    if _carried_chain(v, made, can_cross):
+                    if remakeable(v, made, can_cross):
                         ins[k] = _copy(v, made, local, extra, can_cross)
             body.append(eqn.replace(invars=ins) if ins != list(eqn.invars) else eqn)
             for v in eqn.outvars:
@@ -163,14 +169,17 @@ def _copy(
     return local[v]
 
 
-def _carried_chain(v: Any, made: Mapping[Any, Any], can_cross: Callable[[Any], bool]) -> bool:
-    """Whether `v` is made by a short chain of equations without nested programs from vars
-    that can cross layer boundaries (parameters, inputs, constants)."""
+def remakeable(v: Any, made: Mapping[Any, Any], can_cross: Callable[[Any], bool]) -> bool:
+    """Whether `v`, of an extended dtype (a PRNG key), is made by a short chain of equations
+    (no effects) from vars that can cross layer boundaries (parameters, inputs, constants,
+    activations), so a layer that reads it can make it again."""
+    if not jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended):
+        return False  # e.g. complex: what cannot cross cannot be stashed either
     todo, seen = [v], 0
     while todo:
         seen += 1
         eqn = made.get(todo.pop())
-        if eqn is None or seen > 8 or eqn.effects or any(k.endswith("jaxpr") for k in eqn.params):
+        if eqn is None or seen > 8 or eqn.effects:
             return False
         todo.extend(a for a in eqn.invars if isinstance(a, core.Var) and not can_cross(a))
     return True

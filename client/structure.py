@@ -17,6 +17,7 @@ import numpy as np
 from jax.extend import core
 
 from client.clustering import cluster_segments, cut_bytes
+from client.layers import remakeable
 from client.repeats import Sequence_, find_blocks
 from client.scopes import ScopePath, choose_level
 from client.tokens import Tokenizer
@@ -44,6 +45,11 @@ def structural_layers(
 ) -> Layering | None:
     """The layers of `eqns` by structure, or None when no block repeats."""
     n = len(eqns)
+    made = {v: e for e in eqns for v in e.outvars}
+
+    def passable(v: Any) -> bool:  # crosses a cut, or is made again after it (`localize`)
+        return can_cross(v) or remakeable(v, made, can_cross)
+
     producer: dict[Any, int] = {}
     free = np.zeros(n, dtype=bool)
     producers: list[np.ndarray] = []
@@ -63,7 +69,7 @@ def structural_layers(
             producer[v] = i
     tokenizer = Tokenizer()
     tok = tokenizer.tokens(eqns, weak=free)
-    cut = cut_bytes(eqns, outvars, can_cross)
+    cut = cut_bytes(eqns, outvars, passable)
     flops_arr = np.asarray(flops, dtype=np.float64)
     level = choose_level(paths, flops, None)
     keys = [level.key(p) for p in paths]
@@ -84,7 +90,7 @@ def structural_layers(
 
     new_blocks = [(moved(a), moved(b) if b < n else n) for a, b in blocks]
     new_eqns = [eqns[i] for i in order]
-    new_cut = cut_bytes(new_eqns, outvars, can_cross)
+    new_cut = cut_bytes(new_eqns, outvars, passable)
     weight = flops_arr[order]
     params_at = reads_param[order]
     # Outside the blocks, a repeated scope that opens or closes still cuts (a first block
@@ -94,7 +100,8 @@ def structural_layers(
     for i in range(1, n):
         a, b = new_keys[i - 1], new_keys[i]
         edges[i] = a != b and (a in blocks_at or b in blocks_at)
-    pieces = _segments(new_blocks, n, weight, params_at, new_cut, edges)
+    view = _View(tok[order], weight, params_at, new_cut, edges, new_keys, blocks_at)
+    pieces = _segments(new_blocks, view)
     return Layering(order, pieces, new_keys, blocks_at, params_at)
 
 
@@ -127,27 +134,64 @@ def _differing_free(
     return hoist
 
 
-def _segments(
-    blocks: Sequence[tuple[int, int]],
-    n: int,
-    flops: np.ndarray,
-    reads_param: np.ndarray,
-    cut: np.ndarray,
-    edges: np.ndarray,
-) -> list[tuple[int, int, bool]]:
-    """Blocks and the stretches around them (cut at `edges`) as layers; a stretch with
-    neither FLOPs nor parameters joins a neighbour (between two blocks: where fewer bytes
-    cross)."""
-    pieces: list[tuple[int, int, bool]] = []
-    prefix = np.concatenate([[0.0], np.cumsum(flops)])
-    big = 0.5 * min(prefix[b] - prefix[a] for a, b in blocks)
+@dataclass(frozen=True)
+class _View:
+    """The reordered equations, as `_segments` reads them."""
 
-    def other(lo: int, hi: int) -> None:
-        """Block-sized stretches under a repeated scope alone, the rest together."""
-        bounds = [lo, *(i for i in range(lo + 1, hi) if edges[i] and np.isfinite(cut[i])), hi]
+    tok: np.ndarray
+    flops: np.ndarray
+    reads_param: np.ndarray
+    cut: np.ndarray  # (n+1,) bytes crossing a cut before each equation
+    edges: np.ndarray  # (n+1,) a repeated scope opens or closes before each equation
+    keys: list[ScopePath]  # each equation's scope at the block level
+    block_scopes: frozenset[ScopePath]
+
+
+def _segments(blocks: Sequence[tuple[int, int]], view: _View) -> list[tuple[int, int, bool]]:
+    """Blocks and the stretches around them as layers. A stretch is cut where a repeated
+    scope opens or closes around a piece that runs as a block does over most of its FLOPs
+    (a first block that reads its input in another layout) or, before the last block, one
+    that is block-sized and all in one repeated scope (a ResNet stage's first block); a
+    stretch whose equations all
+    sit in the scope of the block beside it joins that block (the loss inside a user's last
+    marker); one with neither FLOPs nor parameters joins a neighbour (between two blocks:
+    where fewer bytes cross)."""
+    n = len(view.tok)
+    prefix = np.concatenate([[0.0], np.cumsum(view.flops)])
+    units = {tuple(view.tok[a:b]) for a, b in blocks}
+    smallest = min(prefix[b] - prefix[a] for a, b in blocks)
+
+    def block_like(a: int, b: int) -> bool:
+        if prefix[b] - prefix[a] < 0.5 * smallest:
+            return False
+        piece = view.tok[a:b]
+        best = 0.0
+        for unit in units:
+            m = min(len(unit), len(piece))
+            head = np.asarray(unit[:m]) == piece[:m]
+            tail = np.asarray(unit[-m:]) == piece[-m:]
+            lp = int(np.argmin(head)) if not head.all() else m
+            ls = int(np.argmin(tail[::-1])) if not tail.all() else m
+            best = max(best, prefix[a + lp] - prefix[a], prefix[b] - prefix[b - ls])
+        return best > 0 and best >= 0.5 * (prefix[b] - prefix[a])
+
+    def marked(a: int, b: int) -> bool:
+        """A block-sized piece all in one repeated scope (a stage's first block)."""
+        keys = {view.keys[i] for i in range(a, b) if view.flops[i] or view.reads_param[i]}
+        return (
+            len(keys) == 1
+            and keys <= view.block_scopes
+            and prefix[b] - prefix[a] >= 0.25 * smallest
+        )
+
+    pieces: list[tuple[int, int, bool]] = []
+
+    def other(lo: int, hi: int, last: bool) -> None:
+        bounds = [lo, *(i for i in range(lo + 1, hi) if view.edges[i] and np.isfinite(view.cut[i]))]
+        bounds.append(hi)
         start = lo
         for a, b in zip(bounds, bounds[1:], strict=False):
-            if prefix[b] - prefix[a] >= big:
+            if block_like(a, b) or (not last and marked(a, b)):
                 if a > start:
                     pieces.append((start, a, False))
                 pieces.append((a, b, False))
@@ -158,30 +202,46 @@ def _segments(
     last = 0
     for a, b in blocks:
         if a > last:
-            other(last, a)
+            other(last, a, False)
         pieces.append((a, b, True))
         last = b
     if last < n:
-        other(last, n)
+        other(last, n, True)
 
     def empty(lo: int, hi: int) -> bool:
-        return not flops[lo:hi].any() and not reads_param[lo:hi].any()
+        return not view.flops[lo:hi].any() and not view.reads_param[lo:hi].any()
+
+    def owned_by(lo: int, hi: int, block: tuple[int, int, bool]) -> bool:
+        """Whether every equation of [lo, hi) with FLOPs or parameters sits in the block's
+        repeated scope."""
+        held = {k for k in view.keys[block[0] : block[1]] if k in view.block_scopes}
+        if len(held) != 1:
+            return False
+        (key,) = held
+        return all(
+            view.keys[i] == key for i in range(lo, hi) if view.flops[i] or view.reads_param[i]
+        )
 
     out: list[tuple[int, int, bool]] = []
     k = 0
     while k < len(pieces):
         lo, hi, is_block = pieces[k]
-        if is_block or not empty(lo, hi):
+        after = pieces[k + 1] if k + 1 < len(pieces) else None
+        if is_block:
+            out.append((lo, hi, is_block))
+        elif out and out[-1][2] and owned_by(lo, hi, out[-1]):
+            out[-1] = (out[-1][0], hi, True)
+        elif after is not None and after[2] and owned_by(lo, hi, after):
+            pieces[k + 1] = (lo, after[1], True)
+        elif not empty(lo, hi):
             out.append((lo, hi, is_block))
         elif not out:  # leading glue: into the next layer
-            nlo, nhi, nb = pieces[k + 1]
-            pieces[k + 1] = (lo, nhi, nb)
-        elif k + 1 == len(pieces) or cut[hi] <= cut[lo]:  # into the layer before
-            plo, _, pb = out[-1]
-            out[-1] = (plo, hi, pb)
+            assert after is not None
+            pieces[k + 1] = (lo, after[1], after[2])
+        elif after is None or view.cut[hi] <= view.cut[lo]:  # into the layer before
+            out[-1] = (out[-1][0], hi, out[-1][2])
         else:
-            nlo, nhi, nb = pieces[k + 1]
-            pieces[k + 1] = (lo, nhi, nb)
+            pieces[k + 1] = (lo, after[1], after[2])
         k += 1
     return out
 

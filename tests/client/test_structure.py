@@ -272,3 +272,27 @@ def test_prng_keys_among_params_are_refused_by_name() -> None:
     params["dropout_key"] = jax.random.key(3)
     with pytest.raises(ValueError, match=r"'dropout_key' is a PRNG key .* nnx.split"):
         _trace(loss, params)
+
+
+def test_a_jitted_loss_without_scopes_is_cut_into_its_blocks() -> None:
+    params, loss = _model(["dense"] * 3)
+    spec = _trace(jax.jit(loss), params)
+    _assert_kinds(spec, ["dense"] * 3)
+
+
+def test_a_key_the_loss_makes_is_made_again_in_each_block() -> None:
+    """A PRNG key made from a constant before the blocks and used by each (dropout-like)
+    cannot cross a layer boundary: each block makes it again."""
+    params, _ = _model(["dense"] * 3)
+
+    def loss(p: dict, b: dict[str, jax.Array]) -> jax.Array:
+        key = jax.random.key(0)
+        x = p["embed"][b["x"]]
+        for bp in p["blocks"]:
+            x = dense_block(x, bp) * jax.random.bernoulli(key, 0.9, x.shape)
+        return jnp.mean((_norm(x) @ p["head"]) ** 2)
+
+    spec = _trace(loss, params)
+    assert spec.num_layers == 5
+    assert len({layer.fingerprint for layer in spec.layers[1:-1]}) == 1
+    assert_roundtrip(spec, loss, params, _batch(), cuts=(1, 2, 3, 4))
