@@ -33,6 +33,7 @@ class Layering:
     keys: list[ScopePath]  # each equation's scope at the model's block level (reordered)
     block_scopes: frozenset[ScopePath]  # the model's repeated scopes
     reads_param: np.ndarray  # (reordered) whether each equation reads a parameter
+    cut: np.ndarray  # (reordered, n+1) bytes crossing a cut before each equation
 
 
 def structural_layers(
@@ -102,7 +103,7 @@ def structural_layers(
         edges[i] = a != b and (a in blocks_at or b in blocks_at)
     view = _View(tok[order], weight, params_at, new_cut, edges, new_keys, blocks_at)
     pieces = _segments(new_blocks, view)
-    return Layering(order, pieces, new_keys, blocks_at, params_at)
+    return Layering(order, pieces, new_keys, blocks_at, params_at, new_cut)
 
 
 def _differing_free(

@@ -20,7 +20,7 @@ from client.export import (
 )
 from client.fingerprint import export_key
 from client.flax_scopes import module_scopes
-from client.flops import eqn_flops
+from client.flops import eqn_flops, jaxpr_flops
 from client.layers import clean_name, inline_scoped_calls, live_eqns, localize
 from client.scan import Unstacked, unstack_scans
 from client.scopes import choose_level, inside_scopes, level_segments, scope_paths
@@ -151,7 +151,10 @@ def trace(
     jaxpr = closed.jaxpr
     if len(jaxpr.outvars) != 1 or jaxpr.outvars[0].aval.shape != ():
         raise ValueError(f"loss_fn must return one scalar, got {jaxpr.outvars}")
-    all_eqns, outvars = inline_scoped_calls(jaxpr.eqns, jaxpr.outvars)
+    total = jaxpr_flops(jaxpr)
+    all_eqns, outvars = inline_scoped_calls(
+        jaxpr.eqns, jaxpr.outvars, lambda e: eqn_flops(e) >= 0.5 * total > 0
+    )
     param_vars = jaxpr.invars[: len(param_names)]
     unstacked = unstack_scans(all_eqns, outvars, dict(zip(param_vars, param_names, strict=True)))
     (loss_var,) = unstacked.outvars
@@ -198,8 +201,7 @@ def trace(
         if layers is None:
             segments = [(n, lo, hi) for n, (lo, hi, _) in zip(names, found.segments, strict=True)]
         else:
-            cuts = cut_bytes(eqns, [loss_var], can_cross)
-            segments = group_layers(found.segments, flops, cuts, names, int(layers))
+            segments = group_layers(found.segments, flops, found.cut, names, int(layers))
     elif layers is None:
         segments = level_segments(paths, level)
     else:
