@@ -41,8 +41,9 @@ def cut_bytes(
     for v, used in last_use.items():
         lo, hi = produced[v] + 1, used + 1
         if can_cross(v):
-            diff[lo] += math.prod(v.aval.shape) * np.dtype(v.aval.dtype).itemsize
-            diff[hi] -= math.prod(v.aval.shape) * np.dtype(v.aval.dtype).itemsize
+            size = math.prod(v.aval.shape) * getattr(v.aval.dtype, "itemsize", 0)
+            diff[lo] += size  # a var made again after the cut (a PRNG key) costs nothing
+            diff[hi] -= size
         else:
             blocked.append((lo, hi))
     out = np.cumsum(diff[:-1])

@@ -2,7 +2,7 @@
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -66,10 +66,13 @@ _CALLS = ("jit", "pjit")
 
 
 def inline_scoped_calls(
-    eqns: Sequence[core.JaxprEqn], outvars: Sequence[Atom]
+    eqns: Sequence[core.JaxprEqn],
+    outvars: Sequence[Atom],
+    big: Callable[[core.JaxprEqn], bool] | None = None,
 ) -> tuple[list[core.JaxprEqn], list[Atom]]:
-    """Inline unscoped `jit` calls whose bodies hold layer scopes (a jitted loss function),
-    so their layers can be cut; other calls stay whole. Returns (eqns, outvars)."""
+    """Inline unscoped `jit` calls whose bodies hold layer scopes, or that are `big` (most of
+    the model: a jitted loss or model function), so their layers can be cut; other calls
+    stay whole. Returns (eqns, outvars)."""
     subst: dict[core.Var, Atom] = {}
     out: list[core.JaxprEqn] = []
 
@@ -79,10 +82,13 @@ def inline_scoped_calls(
     for eqn in eqns:
         invars = [sub(subst, v) for v in eqn.invars]
         inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
-        if inner is None or inner.consts or top_scope(eqn) or not _has_scopes(inner.jaxpr):
+        if inner is None or inner.consts or top_scope(eqn):
             out.append(eqn.replace(invars=invars))
             continue
-        body, body_out = inline_scoped_calls(inner.jaxpr.eqns, inner.jaxpr.outvars)
+        if not (_has_scopes(inner.jaxpr) or (big is not None and big(eqn))):
+            out.append(eqn.replace(invars=invars))
+            continue
+        body, body_out = inline_scoped_calls(inner.jaxpr.eqns, inner.jaxpr.outvars, big)
         local = dict(zip(inner.jaxpr.invars, invars, strict=True))
         prefix = eqn.source_info.name_stack
         for inner_eqn in body:
@@ -112,3 +118,68 @@ def live_eqns(eqns: Sequence[Any], outvars: Sequence[Any]) -> list[Any]:
             kept.append(eqn)
             needed.update(v for v in eqn.invars if isinstance(v, core.Var))
     return kept[::-1]
+
+
+def localize(pieces: Sequence[Sequence[Any]], can_cross: Callable[[Any], bool]) -> list[list[Any]]:
+    """Each layer's equations (`pieces`, in order), with a copy of the zero-FLOP chain that
+    makes a var no layer boundary can pass (a PRNG key wrapped from its key data) from the
+    parameters, constants and inputs alone, in each later layer that reads it."""
+    made: dict[Any, Any] = {}  # var -> its producing equation
+    owner: dict[Any, int] = {}  # var -> the piece that makes it
+    out: list[list[Any]] = []
+    for s, piece in enumerate(pieces):
+        local: dict[Any, Any] = {}  # original var -> this piece's copy
+        extra: list[Any] = []
+        body = []
+        for eqn in piece:
+            ins = list(eqn.invars)
+            for k, v in enumerate(ins):
+                if isinstance(v, core.Var) and owner.get(v, s) != s and not can_cross(v):
+                    if remakeable(v, made, can_cross):
+                        ins[k] = _copy(v, made, local, extra, can_cross)
+            body.append(eqn.replace(invars=ins) if ins != list(eqn.invars) else eqn)
+            for v in eqn.outvars:
+                made[v] = eqn
+                owner[v] = s
+        out.append(extra + body)
+    return out
+
+
+def _copy(
+    v: Any,
+    made: Mapping[Any, Any],
+    local: dict[Any, Any],
+    extra: list[Any],
+    can_cross: Callable[[Any], bool],
+) -> Any:
+    """`v` made again in this layer: its chain of equations appended to `extra`, with fresh
+    vars recorded in `local`."""
+    if v in local:
+        return local[v]
+    eqn = made[v]
+    ins = [
+        _copy(a, made, local, extra, can_cross)
+        if isinstance(a, core.Var) and not can_cross(a) and a in made
+        else a
+        for a in eqn.invars
+    ]
+    fresh = [core.Var(o.aval) for o in eqn.outvars]
+    extra.append(eqn.replace(invars=ins, outvars=fresh))
+    local.update(zip(eqn.outvars, fresh, strict=True))
+    return local[v]
+
+
+def remakeable(v: Any, made: Mapping[Any, Any], can_cross: Callable[[Any], bool]) -> bool:
+    """Whether `v`, of an extended dtype (a PRNG key), is made by a short chain of equations
+    (no effects) from vars that can cross layer boundaries (parameters, inputs, constants,
+    activations), so a layer that reads it can make it again."""
+    if not jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended):
+        return False  # e.g. complex: what cannot cross cannot be stashed either
+    todo, seen = [v], 0
+    while todo:
+        seen += 1
+        eqn = made.get(todo.pop())
+        if eqn is None or seen > 8 or eqn.effects:
+            return False
+        todo.extend(a for a in eqn.invars if isinstance(a, core.Var) and not can_cross(a))
+    return True

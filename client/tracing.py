@@ -20,10 +20,12 @@ from client.export import (
 )
 from client.fingerprint import export_key
 from client.flax_scopes import module_scopes
-from client.flops import eqn_flops
-from client.layers import clean_name, inline_scoped_calls, live_eqns
+from client.flops import eqn_flops, jaxpr_flops
+from client.layers import clean_name, inline_scoped_calls, live_eqns, localize
 from client.scan import Unstacked, unstack_scans
 from client.scopes import choose_level, inside_scopes, level_segments, scope_paths
+from client.state import check_params
+from client.structure import group_layers, segment_names, structural_layers
 from programs import layer_fingerprint
 from schemas import (
     DTYPE_BYTES,
@@ -54,7 +56,11 @@ def path_name(path: tuple[Any, ...]) -> str:
 
 
 def _dtype_name(aval: Any) -> str:
-    return np.dtype(aval.dtype).name
+    """The aval's dtype name (an extended dtype, e.g. a PRNG key's, by its own name)."""
+    try:
+        return np.dtype(aval.dtype).name
+    except TypeError:
+        return str(aval.dtype)
 
 
 @dataclass
@@ -133,12 +139,22 @@ def trace(
     if unknown:
         raise ValueError(f"logical_axes names unknown parameters: {unknown}")
 
+    check_params([leaf for _, leaf in leaves_with_paths], param_names)
+
+    def fresh(p: Any, b: Mapping[str, Any]) -> Any:
+        # A new function on every trace: JAX reuses a function's cached trace (one made by an
+        # earlier jax.jit of it), which lacks the scopes module calls open while tracing here.
+        return loss_fn(p, b)
+
     with module_scopes():
-        closed = jax.make_jaxpr(loss_fn)(params, dict(batch))
+        closed = jax.make_jaxpr(fresh)(params, dict(batch))
     jaxpr = closed.jaxpr
     if len(jaxpr.outvars) != 1 or jaxpr.outvars[0].aval.shape != ():
         raise ValueError(f"loss_fn must return one scalar, got {jaxpr.outvars}")
-    all_eqns, outvars = inline_scoped_calls(jaxpr.eqns, jaxpr.outvars)
+    total = jaxpr_flops(jaxpr)
+    all_eqns, outvars = inline_scoped_calls(
+        jaxpr.eqns, jaxpr.outvars, lambda e: eqn_flops(e) >= 0.5 * total > 0
+    )
     param_vars = jaxpr.invars[: len(param_names)]
     unstacked = unstack_scans(all_eqns, outvars, dict(zip(param_vars, param_names, strict=True)))
     (loss_var,) = unstacked.outvars
@@ -167,7 +183,26 @@ def trace(
     flops = [eqn_flops(e) for e in eqns]
     paths = scope_paths(eqns)
     level = choose_level(paths, flops, scopes)
-    if layers is None:
+    found = None
+    if scopes is None:
+        found = structural_layers(
+            eqns,
+            [loss_var],
+            lambda v: v in info and info[v].kind == "param",
+            flops,
+            paths,
+            can_cross,
+        )
+    if found is not None:
+        eqns = [eqns[i] for i in found.order]
+        flops = [flops[i] for i in found.order]
+        paths = [paths[i] for i in found.order]
+        names = segment_names(paths, flops, found)
+        if layers is None:
+            segments = [(n, lo, hi) for n, (lo, hi, _) in zip(names, found.segments, strict=True)]
+        else:
+            segments = group_layers(found.segments, flops, found.cut, names, int(layers))
+    elif layers is None:
         segments = level_segments(paths, level)
     else:
         cuts = cut_bytes(eqns, [loss_var], can_cross)
@@ -176,8 +211,9 @@ def trace(
         segments = cluster_segments(flops, cuts, int(layers))
     seg_names = [clean_name(n, f"layer{k}") for k, (n, _, _) in enumerate(segments)]
 
-    for s, (_, lo, hi) in enumerate(segments):
-        for eqn in eqns[lo:hi]:
+    parts = localize([eqns[lo:hi] for _, lo, hi in segments], can_cross)
+    for s, part in enumerate(parts):
+        for eqn in part:
             for v in eqn.invars:
                 if isinstance(v, core.Var):
                     info[v].uses.add(s)
@@ -190,12 +226,12 @@ def trace(
     layer_specs: list[LayerSpec] = []
     programs: dict[tuple[str, str], LayerPrograms | None] = {}
     texts: dict[Any, tuple[str, str]] = {}  # a scan's iterations: one retrace for all
-    for s, (_, lo, hi) in enumerate(segments):
+    for s, (part, (_, lo, hi)) in enumerate(zip(parts, segments, strict=True)):
         layer_specs.append(
             _build_layer(
                 s,
                 seg_names[s],
-                eqns[lo:hi],
+                part,
                 info,
                 consts,
                 loss_var,
