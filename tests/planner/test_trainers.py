@@ -15,10 +15,12 @@ import math
 import pytest
 
 from planner.trainers import block_run, maxtext_parallelism, maxtext_remat
-from schemas import ShardingConfig
+from schemas import Plan, ShardingConfig
 from schemas.plan import MaxTextPlan
 from schemas.trainer_export import (
     ExportUnavailable,
+    export_plan,
+    jaxpp_export,
     maxtext_export,
     maxtext_gap,
     maxtext_yaml,
@@ -178,3 +180,68 @@ def test_a_remat_variant_is_maxtexts_remat_policy_and_as_written_sets_none() -> 
     assert "remat_policy: minimal" in maxtext_yaml(with_policy)
     assert "as your model config sets it" not in maxtext_yaml(with_policy)
     assert "as your model config sets it" in maxtext_yaml(MaxTextPlan(feasible=True))
+
+
+def test_maxtext_export_of_an_unrestricted_plan_is_refused() -> None:
+    plan = gpt_plan(6, 1, 4)
+    assert plan.target is None and plan.maxtext is None
+    with pytest.raises(ExportUnavailable, match="--for maxtext"):
+        export_plan(plan, "maxtext")
+    old = Plan.model_validate_json(plan.model_dump_json(exclude={"target", "maxtext"}))
+    assert old.target is None  # plans stored before read
+
+
+def _check_marks(plan: Plan) -> None:
+    out = jaxpp_export(plan)
+    marks = out["stage_marks"]
+    assert len(marks) == len(plan.stages)
+    names = [layer for s in plan.stages for layer in s.layer_names]
+    for i, (mark, stage) in enumerate(zip(marks, plan.stages, strict=True)):
+        assert mark["after_layer"] == stage.layer_names[-1]
+        # The next stage begins right after the marked layer.
+        position = names.index(mark["after_layer"])
+        if i + 1 < len(plan.stages):
+            assert names[position + 1] == plan.stages[i + 1].layer_names[0]
+    assert marks[-1]["after_layer"] == names[-1]  # the final mark closes the last stage
+    assert out["num_microbatches"] == plan.num_microbatches
+    assert out["snippet"].count("pipeline_enter_stage(x)") == len(plan.stages)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "cls"),
+    [
+        ("1f1b", "Std1F1B"),
+        ("gpipe", "GPipe"),
+        ("zb-h1", "ZeroBubble"),
+        ("interleaved", "Interleaved1F1B"),
+    ],
+)
+def test_jaxpp_marks_follow_the_stage_boundaries(schedule: str, cls: str) -> None:
+    plan = gpt_plan(6, 1, 4, schedule=schedule, target="jaxpp")
+    _check_marks(plan)
+    out = jaxpp_export(plan)
+    assert out["schedule"]["class"] == cls
+    assert out["schedule"]["args"]["num_stages"] == len(plan.stages)
+    if schedule == "interleaved":
+        assert out["schedule"]["args"]["mpmd_dim"] == plan.num_device_groups
+        assert [m["device_group"] for m in out["stage_marks"]] == [
+            s.device_group for s in plan.stages
+        ]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "hosts", "per_host", "micro"),
+    [(4, 1, 2, 4), (6, 2, 2, 4), (7, 1, 8, 8), (8, 2, 2, 6), (9, 4, 2, 4), (8, 1, 8, 4)],
+)
+def test_every_maxtext_answer_is_valid_or_says_why(
+    blocks: int, hosts: int, per_host: int, micro: int
+) -> None:
+    plan = gpt_plan(blocks, hosts, per_host, micro=micro, target="maxtext")
+    mt = plan.maxtext
+    assert mt is not None
+    if mt.feasible:
+        check_maxtext_constraints(mt.settings, hosts, per_host)
+        assert mt.settings["num_pipeline_microbatches"] == micro
+        assert mt.settings["pipeline_parallel_layers"] == blocks
+    else:
+        assert mt.reason and not mt.settings
