@@ -35,7 +35,8 @@ def _body(eqn: Any) -> Any:
     return None
 
 
-def _common_prefix(paths: Sequence[ScopePath]) -> ScopePath:
+def common_prefix(paths: Sequence[ScopePath]) -> ScopePath:
+    """The longest scope path every one of `paths` starts with."""
     if not paths:
         return ()
     first = paths[0]
@@ -60,7 +61,7 @@ def scope_paths(eqns: Sequence[Any]) -> list[ScopePath]:
         if body is None:
             return own
         if id(body) not in cache:
-            cache[id(body)] = _common_prefix([path(e) for e in body.eqns])
+            cache[id(body)] = common_prefix([path(e) for e in body.eqns])
         return own + cache[id(body)]
 
     return [path(e) for e in eqns]

@@ -19,7 +19,7 @@ from jax.extend import core
 from client.clustering import cluster_segments, cut_bytes
 from client.layers import remakeable
 from client.repeats import Sequence_, find_blocks
-from client.scopes import ScopePath, choose_level
+from client.scopes import ScopePath, choose_level, common_prefix
 from client.tokens import Tokenizer
 
 
@@ -269,7 +269,7 @@ def segment_names(
             inside = []
         held = [k for k in layering.keys[lo:hi] if k in layering.block_scopes]
         if is_block:
-            common = _common(inside)
+            common = common_prefix(inside)
             digits = [k for k, part in enumerate(common) if part.isdigit()]
             if digits:  # a scan's iteration, `layers/3`: not the module inside it
                 common = common[: digits[-1] + 1]
@@ -304,17 +304,6 @@ def _strip(path: ScopePath, skip: int) -> str:
     if skip and len(parts) == 1 and parts[0].isdigit():  # a scan's `blocks/3` keeps `blocks`
         parts = path[skip - 1 :]
     return "/".join(parts)
-
-
-def _common(paths: Sequence[ScopePath]) -> ScopePath:
-    if not paths:
-        return ()
-    first = paths[0]
-    n = min(len(p) for p in paths)
-    for i in range(n):
-        if any(p[i] != first[i] for p in paths):
-            return first[:i]
-    return first[:n]
 
 
 def group_layers(
