@@ -211,9 +211,10 @@ class GroupPool:
             self._drop(group)
         self._shape = None
 
-    def actor_pids(self) -> list[int]:
-        """Process ids of the measuring processes (tests kill one)."""
-        return [pid for g in self._groups for pid in g.pids]
+    def actor_pids(self, running: bool = False) -> list[int]:
+        """Process ids of the measuring processes (tests kill one); `running`: only those of
+        groups measuring a stage now."""
+        return [pid for g in self._groups if g.task is not None or not running for pid in g.pids]
 
     # --- shapes and groups ------------------------------------------------------------
 
