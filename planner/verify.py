@@ -58,7 +58,8 @@ class EstimateSearch:
     cluster: ClusterSpec
     options: PlanOptions
     space: CandidateSpace
-    # whole-model stages on every device estimated by scaling (planner.with_layer_profiles)
+    # stages on every device estimated by scaling: the whole model (planner.with_layer_profiles)
+    # and the layers outside the pipeline (planner.outside)
     scaled: frozenset[Key] = frozenset()
     estimator: StageEstimator = field(init=False)
     # the point estimate of forward + backward a stage had when it was chosen for measuring

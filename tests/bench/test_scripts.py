@@ -196,3 +196,18 @@ def test_maxtext_time_to_plan() -> None:
         maxtext["maxtext_pipeline_s"] + maxtext["maxtext_outside_s"]
     )
     assert out["maxtext_over_default"] > 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_mesh_axes_time_to_plan() -> None:
+    """The mesh-axes space searched beside the default search, on the same model: more
+    candidates, every one of its plan's configs a mesh-axes config, both by estimates."""
+    args = ("--layers", "1", "--quick", "--micro-batches", "4", "--skip-exhaustive")
+    out = run_script("mesh_axes_time_to_plan.py", *args)
+    default, mesh = out["default"], out["mesh"]
+    assert default["search"]["mode"] == mesh["search"]["mode"] == "estimate"
+    assert mesh["candidates"] == out["mesh_candidates_big"] > default["candidates"]
+    assert mesh["configs"] and all(c.endswith("/maxtext") for c in mesh["configs"])
+    assert not any(c.endswith("/maxtext") for c in default["configs"])
+    assert out["mesh_over_default"] > 0 and "small-exhaustive" not in out

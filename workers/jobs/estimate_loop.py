@@ -150,8 +150,12 @@ class EstimateLoop:
         return {fp for fp in fps if any(k.as_tuple() in keys for k in self.keys_by_fp[fp])}
 
     def _is_profile(self, fp: str) -> bool:
+        """A layer profile: measured up front (a stage estimated by scaling is not one)."""
         classes = self.search.estimator.layer_classes
-        return any(planner.is_profiled(k.as_tuple(), classes) for k in self.keys_by_fp[fp])
+        return any(
+            planner.is_profiled(k.as_tuple(), classes) and k.as_tuple() not in self.ctx.scaled
+            for k in self.keys_by_fp[fp]
+        )
 
     def _all_remat(self, fp: str) -> bool:
         """Whether every candidate of `fp` is a remat variant of an as-written candidate

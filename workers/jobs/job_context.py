@@ -114,8 +114,9 @@ class JobContext:
     layout: Layout
     # whether stored measurements of other jobs are reused (RunnerConfig.reuse_stages)
     reuse_stages: bool = True
-    # estimate search: whole-model stages estimated by scaling, and those measured directly
-    # (planner.with_layer_profiles)
+    # estimate search: stages on every device estimated by scaling (whole-model stages,
+    # planner.with_layer_profiles; the layers outside the pipeline, planner.outside), and
+    # the whole-model stages measured directly
     scaled: frozenset[Key] = frozenset()
     direct: tuple[Key, ...] = ()
 

@@ -103,7 +103,8 @@ class JobInputs:
     cluster: ClusterSpec
     options: PlanOptions
     space: planner.CandidateSpace
-    # estimate search: whole-model stages estimated by scaling, and those measured directly
+    # estimate search: stages on every device estimated by scaling (the whole model, and the
+    # layers outside the pipeline), and the whole-model stages measured directly
     scaled: frozenset[tuple[int, int, int, int]] = frozenset()
     direct: tuple[tuple[int, int, int, int], ...] = ()
 
@@ -135,5 +136,9 @@ def load_checked(
         fps = [x.fingerprint for x in spec.layers]
         space, scaled, direct = planner.with_layer_profiles(space, fps)
     if options.allows_outside:  # after the layer profiles: they decide on the whole cluster
+        before = {k.as_tuple() for k in space.keys}
         space = planner.with_layers_outside(space, spec, cluster.num_devices)
+        if options.search_mode == "estimate":
+            # searched at the scaling bound, measured when a plan within the band holds one
+            scaled += [k.as_tuple() for k in space.keys if k.as_tuple() not in before]
     return JobInputs(model_id, spec, cluster, options, space, frozenset(scaled), tuple(direct))
