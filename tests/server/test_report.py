@@ -363,3 +363,33 @@ def test_report_file_draws_estimated_stages_offline(
     shown = [k for k in never if k[2:] == (0, 0)]  # the heatmap shows the plan's submesh/config
     assert shown and len(re.findall(r'class="heat-cell estimated"', dom)) == len(shown)
     assert re.search(r'class="tick legend-key">estimated<', dom)
+
+
+def test_report_and_job_page_show_the_layers_outside_the_pipeline(
+    api: httpx.Client, db: sessionmaker[Session]
+) -> None:
+    """A plan running embedding and head outside the pipeline lists them with their time per
+    iteration (compute × micro-batches); a plan without any shows no such section."""
+    seeded = seed_job(db, num_layers=6, finished=False, recorded_fraction=1.0)
+    plain = make_plan(6, 4, "fp")
+    inner = make_plan(4, 4, "fp")
+    first, last = inner.stages[0], inner.stages[-1]
+    outside = [
+        first.model_copy(update={"start": 0, "end": 0, "layer_names": ["wte"]}),
+        last.model_copy(update={"start": 5, "end": 5, "layer_names": ["ln_f"]}),
+    ]
+    outside_time = sum(st.compute_cost for st in outside) * 4
+    plan = plain.model_copy(update={"outside": outside, "outside_time_s": outside_time})
+    with session_scope(db) as s:
+        assert finish_job(
+            s, job_id=seeded.job_id, owner="test-runner", status=JobStatus.done, plan=plan
+        )
+    for html in (render(db, seeded.job_id), api.get(f"/jobs/{seeded.job_id}").text):
+        rows = table(html, "plan-outside-stages")
+        assert rows.count("<tr>") == 1 + 2
+        assert "wte" in rows and "ln_f" in rows and rows.count('class="badge measured"') == 2
+        text = " ".join(re.sub(r"<[^>]+>", " ", section(html, "plan-outside")).split())
+        assert "2 layers run on every device before and after the pipeline" in text
+        assert "once per micro-batch (4)" in text
+    seeded = seed_job(db, num_layers=6)
+    assert 'id="plan-outside"' not in render(db, seeded.job_id)
