@@ -88,6 +88,17 @@ def _model_shape(
     return row.num_layers, micro_batch, flops, (*BODY, "model_id"), [], _stored_facts(row.spec)
 
 
+def _symbolic_batch(body: PlanRequest, session: Session) -> bool | None:
+    """Whether the model has a symbolic batch dimension (None: a zoo model, traced with one
+    by the runner when the job searches counts of micro-batches)."""
+    if body.model is not None:
+        return body.model.symbolic_batch is not None
+    if body.model_id is not None:
+        row = get_model_row(session, model_id=body.model_id)
+        return row is not None and row.spec.get("symbolic_batch") is not None
+    return None
+
+
 def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     """Raise unless a runner can carry out `body`; returns the model's id (None for a zoo
     model, which the runner builds)."""
@@ -98,7 +109,8 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     raise_if(errors)
     num_layers, micro_batch, flops, layers_loc, errors, facts = _model_shape(body, session)
     raise_if(errors)
-    raise_if(micro_batch_errors(body.options, micro_batch, options_loc))
+    symbolic = _symbolic_batch(body, session)
+    raise_if(micro_batch_errors(body.options, micro_batch, options_loc, symbolic))
     if body.zoo is None:  # a zoo model is built by the runner, which ignores such keys
         raise_if(measure_stage_errors(body.options, num_layers, options_loc))
     remats = 1

@@ -23,10 +23,20 @@ class JobFailed(Exception):
     """The job cannot produce a plan; the message says why."""
 
 
+@dataclass(frozen=True)
+class ZooBuilders:
+    """How a runner builds zoo models: as traced (`plain`), and with a symbolic batch
+    dimension for a job that searches counts of micro-batches (`symbolic`)."""
+
+    plain: ZooBuilder | None = None
+    symbolic: ZooBuilder | None = None
+
+
 def load_job(
-    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, build_zoo: ZooBuilder | None
+    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, builders: ZooBuilders
 ) -> tuple[str, ModelSpec, ClusterSpec, PlanOptions]:
-    """The job's model (a zoo model is built and stored here), cluster and options."""
+    """The job's model (a zoo model is built and stored here: with a symbolic batch
+    dimension when the job searches counts of micro-batches), cluster and options."""
 
     def read(
         s: Session,
@@ -51,8 +61,11 @@ def load_job(
     if spec is not None:
         assert model_id is not None  # a stored model's spec
         return model_id, spec, cluster, options
+    searched = options.microbatch_search is not None
+    build_zoo = builders.symbolic if searched else builders.plain
     if build_zoo is None:
-        raise JobFailed("this runner cannot build zoo models")
+        how = " with a symbolic batch dimension (microbatch_search)" if searched else ""
+        raise JobFailed(f"this runner cannot build zoo models{how}")
     try:
         spec = keeper.call("zoo build", build_zoo, zoo_name, zoo_config)
     except (ValueError, TypeError, KeyError) as err:
@@ -120,7 +133,7 @@ class JobInputs:
 
 
 def load_checked(
-    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, build_zoo: ZooBuilder | None
+    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, builders: ZooBuilders
 ) -> list[JobInputs]:
     """The job's inputs, one per count of micro-batches it plans (`microbatch_search`: the
     spec stated at each count's micro-batch size, `programs.spec_at_batch`), refused
@@ -129,7 +142,7 @@ def load_checked(
     from programs import spec_at_batch
     from workers.measure import check_programs
 
-    model_id, spec, cluster, options = load_job(retry, keeper, job_id, build_zoo)
+    model_id, spec, cluster, options = load_job(retry, keeper, job_id, builders)
     traced = spec.micro_batch_size
     searched = options.microbatch_search is not None
     try:

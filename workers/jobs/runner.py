@@ -39,7 +39,7 @@ from workers.jobs.count_loop import search_counts
 from workers.jobs.failures import FailureFactory
 from workers.jobs.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
 from workers.jobs.job_context import JobContext, fingerprint_candidates
-from workers.jobs.job_inputs import JobFailed, JobInputs, ZooBuilder, load_checked
+from workers.jobs.job_inputs import JobFailed, JobInputs, ZooBuilder, ZooBuilders, load_checked
 from workers.jobs.job_phases import plan_job, reuse_stored, search_stages
 from workers.jobs.job_stats import JobOutcome, JobStats, ProgressCallback
 from workers.jobs.phase import MeasuringPhase
@@ -94,10 +94,12 @@ class JobRunner:
         build_zoo: ZooBuilder | None = None,
         on_progress: ProgressCallback | None = None,
         shutdown: threading.Event | None = None,
+        build_zoo_symbolic: ZooBuilder | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config or RunnerConfig()
-        self.build_zoo = build_zoo
+        # zoo models as traced, and with a symbolic batch dimension (microbatch_search)
+        self.zoo = ZooBuilders(build_zoo, build_zoo_symbolic)
         self.on_progress = on_progress
         self.phase: MeasuringPhase | None = None  # the current job's measuring phase
         self.counters = RunnerCounters()
@@ -279,7 +281,7 @@ class JobRunner:
     def _profile_and_plan(
         self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
     ) -> Plan:
-        counts = load_checked(self.store, keeper, job_id, self.build_zoo)
+        counts = load_checked(self.store, keeper, job_id, self.zoo)
         phase, layout = self._phase(job_id, counts, stats, keeper)
         contexts = {
             job.options.num_microbatches: self._context(job_id, job, phase, layout, keeper, ledger)
