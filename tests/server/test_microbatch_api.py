@@ -39,7 +39,8 @@ def test_a_posted_microbatch_search_runs_to_a_plan_of_the_fastest_count(
     }
     r = api.post("/v1/plans", json=body)
     assert r.status_code == 202, r.text
-    job_id = r.json()["job_id"]
+    created = r.json()
+    job_id = created["job_id"]
     runner = JobRunner(
         db,
         RunnerConfig(num_workers=2, lease_seconds=20),
@@ -60,3 +61,6 @@ def test_a_posted_microbatch_search_runs_to_a_plan_of_the_fastest_count(
     assert plan.predicted_iteration_time_s == min(t for t in feasible if t is not None)
     job = api.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "done" and job["progress"]["candidates"] > 0
+    page = api.get(created["dashboard_url"])  # the job's page shows every count
+    assert page.status_code == 200 and 'id="microbatch-options"' in page.text
+    assert page.text.count('<span class="badge">chosen</span>') == 1
