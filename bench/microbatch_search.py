@@ -88,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         sessions = common.sqlite_sessions(work / f"auto-{run}.db")
         auto_runs.append(common.run_job(sessions, symbolic, cluster, search, runner))
         measured = _measured_by_size(sessions, auto_runs[-1].job_id)
+        plan_ms = [
+            None if r.outcome.plan is None else r.outcome.plan.predicted_iteration_time_s * 1e3
+            for r in (fixed_runs[-1], auto_runs[-1])
+        ]
+        common.console().print(  # each pair as it ends (a long run can be read part way)
+            f"run {run}: fixed {fixed_runs[-1].wall_seconds:.1f} s + {fixed_traces[-1]:.1f} s "
+            f"trace ({plan_ms[0]} ms), auto {auto_runs[-1].wall_seconds:.1f} s + "
+            f"{auto_traces[-1]:.1f} s trace ({plan_ms[1]} ms), measured {measured}",
+            highlight=False,
+        )
     fixed, auto = fixed_runs[-1], auto_runs[-1]
     plan = auto.outcome.plan
     assert plan is not None, auto.outcome.error
