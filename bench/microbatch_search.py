@@ -36,6 +36,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per module")
     parser.add_argument("--devices-per-host", type=int, default=4)
     parser.add_argument("--runs", type=int, default=1, help="fixed/auto pairs (the spread)")
+    parser.add_argument(
+        "--per-count-jobs",
+        action="store_true",
+        help="also each run: one fixed job per count on a fresh store (the path before one "
+        "job searched every count)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny widths, 2 repeats")
     parser.add_argument("--work-dir", help="where the SQLite files go (default: a temp dir)")
     parser.add_argument("--verbose", action="store_true", help="runner logs on stderr")
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
 
     fixed_runs, auto_runs, fixed_traces, auto_traces = [], [], [], []
+    per_count_s: list[dict[int, float]] = []  # --per-count-jobs: each count's job, seconds
     for run in range(args.runs):
         began = time.perf_counter()
         spec = zoo.build("gpt", num_layers=args.layers, remat_variants=(), **widths)
@@ -88,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         sessions = common.sqlite_sessions(work / f"auto-{run}.db")
         auto_runs.append(common.run_job(sessions, symbolic, cluster, search, runner))
         measured = _measured_by_size(sessions, auto_runs[-1].job_id)
+        if args.per_count_jobs:
+            per_count_s.append(
+                _per_count_jobs(work / f"per-count-{run}.db", symbolic, cluster, search, runner)
+            )
+            common.console().print(f"run {run}: per-count jobs {per_count_s[-1]}", highlight=False)
         plan_ms = [
             None if r.outcome.plan is None else r.outcome.plan.predicted_iteration_time_s * 1e3
             for r in (fixed_runs[-1], auto_runs[-1])
@@ -137,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         "auto_plan_s": [round(r.wall_seconds, 1) for r in auto_runs],
         "auto_trace_s": [round(t, 1) for t in auto_traces],
         "ratio_total": [round(r, 2) for r in ratios],
+        "per_count_jobs_s": [
+            {b: round(t, 1) for b, t in jobs.items()} | {"total": round(sum(jobs.values()), 1)}
+            for jobs in per_count_s
+        ],
         "load_avg": max(r.load_avg for r in [*fixed_runs, *auto_runs]),
     }
     rows = [
@@ -163,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         f"time to plan (trace + job): auto {_spread(auto_s)} s vs fixed {_spread(fixed_s)} s: "
         f"{_spread(ratios, 2)}x (load average {out['load_avg']:.1f} on a shared machine)"
     )
+    if per_count_s:
+        jobs = [sum(x.values()) + t for x, t in zip(per_count_s, auto_traces, strict=True)]
+        common.console().print(
+            f"one job per count (before), trace + jobs: {_spread(jobs)} s: "
+            f"{_spread([j / f for j, f in zip(jobs, fixed_s, strict=True)], 2)}x the fixed",
+            highlight=False,
+        )
     common.emit_json(out)
     return 0
 
@@ -181,6 +204,24 @@ def _measured_by_size(sessions: Any, job_id: str) -> dict[int, int]:
             .group_by(C.micro_batch_size)
         )
         return {int(size): int(n) for size, n in rows}
+
+
+def _per_count_jobs(
+    db: Path, symbolic: Any, cluster: Any, search: Any, runner: Any
+) -> dict[int, float]:
+    """One fixed-count job per count of `search` on a fresh store (the spec stated at each
+    count's size), as `stageprof plan --micro-batches` ran before: seconds per count."""
+    from programs import spec_at_batch
+
+    traced = symbolic.micro_batch_size
+    batch = search.global_batch(traced)
+    sessions = common.sqlite_sessions(db)
+    seconds = {}
+    for b in search.microbatch_counts(traced):
+        at_size = spec_at_batch(symbolic, batch // b)
+        run = common.run_job(sessions, at_size, cluster, search.at_count(b, traced), runner)
+        seconds[b] = run.wall_seconds
+    return seconds
 
 
 def _spread(values: list[float], digits: int = 1) -> str:
