@@ -125,8 +125,17 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
                 f"client.trace(..., remat_variants=({remat!r},))"
             )
             raise_if([field_error((*options_loc, "remat"), message)])
-    count = count_candidates(
-        num_layers, body.cluster, body.options, micro_batch, flops, remats, facts
+    options = body.options
+    sizes = [micro_batch]
+    if options.microbatch_search is not None:  # each count's space is the runner's at its size
+        batch = options.global_batch(micro_batch)
+        sizes = [batch // b for b in options.microbatch_counts(micro_batch)]
+    count = max(
+        (
+            count_candidates(num_layers, body.cluster, options, size, flops, remats, facts)
+            for size in sizes
+        ),
+        key=lambda c: c.total,
     )
     cap = max_candidates()
     raise_if(candidate_errors(count, cap, num_layers, body.cluster, body.options, layers_loc))

@@ -415,3 +415,19 @@ def test_microbatch_search_of_the_models_own_size_needs_no_symbolic_batch(
     options = {"num_microbatches": 2, "microbatch_search": [2]}
     body = {"model": exported_chain_spec(num_layers=3).model_dump(mode="json"), "cluster": CLUSTER}
     assert api.post("/v1/plans", json=body | {"options": options}).status_code == 202
+
+
+def test_the_cap_counts_the_sizes_searched(
+    api: httpx.Client, row_counts: RowCounts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each count's candidates are those at its micro-batch size (a data-parallel size must
+    divide it): micro-batches of 2 and 1 have fewer than the traced 8."""
+    options = {"num_microbatches": 4, "microbatch_search": [16, 32]}  # sizes 2 and 1
+    body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER, "options": options}
+    cluster = ClusterSpec(**CLUSTER)
+    own, at_2 = (count_candidates(4, cluster, PlanOptions(), mb).total for mb in (8, 2))
+    assert at_2 < own
+    monkeypatch.setenv(MAX_CANDIDATES_ENV, str(at_2 - 1))
+    refused(api, row_counts, body, "zoo.config.num_layers", f"{at_2} stage", "over the cap")
+    monkeypatch.setenv(MAX_CANDIDATES_ENV, str(at_2))
+    assert api.post("/v1/plans", json=body).status_code == 202
