@@ -88,6 +88,17 @@ def _model_shape(
     return row.num_layers, micro_batch, flops, (*BODY, "model_id"), [], _stored_facts(row.spec)
 
 
+def _symbolic_batch(body: PlanRequest, session: Session) -> bool | None:
+    """Whether the model has a symbolic batch dimension (None: a zoo model, traced with one
+    by the runner when the job searches counts of micro-batches)."""
+    if body.model is not None:
+        return body.model.symbolic_batch is not None
+    if body.model_id is not None:
+        row = get_model_row(session, model_id=body.model_id)
+        return row is not None and row.spec.get("symbolic_batch") is not None
+    return None
+
+
 def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     """Raise unless a runner can carry out `body`; returns the model's id (None for a zoo
     model, which the runner builds)."""
@@ -98,7 +109,8 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
     raise_if(errors)
     num_layers, micro_batch, flops, layers_loc, errors, facts = _model_shape(body, session)
     raise_if(errors)
-    raise_if(micro_batch_errors(body.options, micro_batch, options_loc))
+    symbolic = _symbolic_batch(body, session)
+    raise_if(micro_batch_errors(body.options, micro_batch, options_loc, symbolic))
     if body.zoo is None:  # a zoo model is built by the runner, which ignores such keys
         raise_if(measure_stage_errors(body.options, num_layers, options_loc))
     remats = 1
@@ -113,8 +125,17 @@ def check_plan_request(body: PlanRequest, session: Session) -> str | None:
                 f"client.trace(..., remat_variants=({remat!r},))"
             )
             raise_if([field_error((*options_loc, "remat"), message)])
-    count = count_candidates(
-        num_layers, body.cluster, body.options, micro_batch, flops, remats, facts
+    options = body.options
+    sizes = [micro_batch]
+    if options.microbatch_search is not None:  # each count's space is the runner's at its size
+        batch = options.global_batch(micro_batch)
+        sizes = [batch // b for b in options.microbatch_counts(micro_batch)]
+    count = max(
+        (
+            count_candidates(num_layers, body.cluster, options, size, flops, remats, facts)
+            for size in sizes
+        ),
+        key=lambda c: c.total,
     )
     cap = max_candidates()
     raise_if(candidate_errors(count, cap, num_layers, body.cluster, body.options, layers_loc))

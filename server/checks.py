@@ -49,20 +49,45 @@ def program_errors(spec: ModelSpec, loc: Loc) -> Errors:
     return [field_error((*loc, "layers", p.layer, p.field), p.message) for p in problems]
 
 
-SEARCH_IS_PER_JOB = (
-    "a job plans one count of micro-batches: submit one job per count at the global batch "
-    "(num_microbatches and global_batch_size; `stageprof plan --micro-batches auto` does, "
-    "and answers with the fastest)"
-)
-
-
-def micro_batch_errors(options: PlanOptions, micro_batch_size: int, loc: Loc) -> Errors:
-    if options.microbatch_search is not None:
-        return [field_error((*loc, "microbatch_search"), SEARCH_IS_PER_JOB)]
+def micro_batch_errors(
+    options: PlanOptions, micro_batch_size: int, loc: Loc, symbolic: bool | None = None
+) -> Errors:
+    """The global batch must agree with the model's micro-batch; `microbatch_search` needs
+    the estimate search, counts that divide the global batch and, for sizes other than the
+    model's own, a model with a symbolic batch dimension (`symbolic`; None: a zoo model,
+    which the runner traces with one)."""
+    if options.microbatch_search is None:
+        try:
+            options.check_micro_batch(micro_batch_size)
+        except ValueError as e:
+            return [field_error((*loc, "global_batch_size"), str(e))]
+        return []
+    field = (*loc, "microbatch_search")
+    if options.search_mode != "estimate":
+        return [
+            field_error(
+                field,
+                "counts of micro-batches are searched by the estimate search: leave search "
+                f"at 'estimate' (the default), not {options.search_mode!r}",
+            )
+        ]
     try:
-        options.check_micro_batch(micro_batch_size)
+        counts = options.microbatch_counts(micro_batch_size)
     except ValueError as e:
-        return [field_error((*loc, "global_batch_size"), str(e))]
+        return [field_error(field, str(e))]
+    batch = options.global_batch(micro_batch_size)
+    other = [b for b in counts if batch // b != micro_batch_size]
+    if symbolic is False and other:
+        sizes = sorted({batch // b for b in other})
+        return [
+            field_error(
+                field,
+                f"the model was traced at micro-batch {micro_batch_size} without a symbolic "
+                f"batch dimension, so it cannot be planned at micro-batch {sizes} (counts "
+                f"{other} of global batch {batch}); trace it with "
+                "client.trace_symbolic_batch, or search its own size only",
+            )
+        ]
     return []
 
 

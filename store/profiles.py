@@ -25,12 +25,14 @@ REUSABLE_STATUSES = tuple(s.value for s in ProfileStatus if s.value not in TRANS
 
 @dataclass(frozen=True)
 class CandidateIn:
-    """A candidate to add to a job: its key, stage fingerprint and what it runs on."""
+    """A candidate to add to a job: its key, stage fingerprint and what it runs on;
+    `micro_batch_size`: the size it runs at in a job that searches counts (0: one count)."""
 
     key: StageKey
     fingerprint: str
     num_devices: int
     strategy: str
+    micro_batch_size: int = 0
 
 
 def _profile_values(result: StageProfileResult) -> dict[str, Any]:
@@ -115,13 +117,14 @@ def add_candidates(
 ) -> int:
     """Add a job's candidates; those already there (a resumed job) are kept as they are."""
     existing = {
-        (r.start, r.end, r.submesh_id, r.config_id)
+        tuple(r)
         for r in session.execute(
             select(
                 JobCandidateRow.start,
                 JobCandidateRow.end,
                 JobCandidateRow.submesh_id,
                 JobCandidateRow.config_id,
+                JobCandidateRow.micro_batch_size,
             ).where(JobCandidateRow.job_id == job_id)
         )
     }
@@ -133,26 +136,31 @@ def add_candidates(
             "end": c.key.end,
             "submesh_id": c.key.submesh_id,
             "config_id": c.key.config_id,
+            "micro_batch_size": c.micro_batch_size,
             "num_devices": c.num_devices,
             "strategy": c.strategy,
             "fingerprint": c.fingerprint,
         }
         for c in candidates
-        if c.key.as_tuple() not in existing
+        if (*c.key.as_tuple(), c.micro_batch_size) not in existing
     ]
     if rows:
         session.execute(insert(JobCandidateRow), rows)
     return len(rows)
 
 
-def pending_fingerprints(session: Session, *, job_id: str) -> list[str]:
-    """Fingerprints of the job's candidates that have no result yet, largest submesh first."""
+def pending_fingerprints(
+    session: Session, *, job_id: str, micro_batch_size: int | None = None
+) -> list[str]:
+    """Fingerprints of the job's candidates that have no result yet, largest submesh first
+    (those at `micro_batch_size` only, when given)."""
     stmt = (
         select(JobCandidateRow.fingerprint, JobCandidateRow.num_devices)
         .where(
             JobCandidateRow.job_id == job_id,
             JobCandidateRow.profile_id.is_(None),
             JobCandidateRow.status.is_(None),
+            *_at_size(micro_batch_size),
         )
         .order_by(JobCandidateRow.num_devices.desc(), JobCandidateRow.id)
     )
@@ -160,6 +168,13 @@ def pending_fingerprints(session: Session, *, job_id: str) -> list[str]:
     for fp, _ in session.execute(stmt):
         seen.setdefault(fp, None)
     return list(seen)
+
+
+def _at_size(micro_batch_size: int | None) -> list[Any]:
+    """The condition "candidates at this micro-batch size" (none when not given)."""
+    if micro_batch_size is None:
+        return []
+    return [JobCandidateRow.micro_batch_size == micro_batch_size]
 
 
 def _mark_without_profile(
@@ -249,9 +264,10 @@ def record_result(
 
 
 def job_results(
-    session: Session, *, job_id: str
+    session: Session, *, job_id: str, micro_batch_size: int | None = None
 ) -> Mapping[tuple[int, int, int, int], StageProfileResult]:
-    """Every recorded candidate of a job with its measurement, by key tuple."""
+    """Every recorded candidate of a job with its measurement, by key tuple (those at
+    `micro_batch_size` only, when given: a job that searches counts has a key per size)."""
     stmt = (
         select(
             JobCandidateRow.start,
@@ -262,7 +278,7 @@ def job_results(
             StageProfileRow.result,
         )
         .join(StageProfileRow, StageProfileRow.id == JobCandidateRow.profile_id)
-        .where(JobCandidateRow.job_id == job_id)
+        .where(JobCandidateRow.job_id == job_id, *_at_size(micro_batch_size))
     )
     cache: dict[int, StageProfileResult] = {}
     out: dict[tuple[int, int, int, int], StageProfileResult] = {}

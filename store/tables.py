@@ -131,7 +131,7 @@ class JobCandidateRow(Base):
 
     __tablename__ = "job_candidates"
     __table_args__ = (
-        UniqueConstraint("job_id", "start", "end", "submesh_id", "config_id"),
+        UniqueConstraint("job_id", "start", "end", "submesh_id", "config_id", "micro_batch_size"),
         Index("ix_job_candidates_job_fingerprint", "job_id", "fingerprint"),
         Index("ix_job_candidates_job_status", "job_id", "status"),
         Index("ix_job_candidates_job_cost", "job_id", "compute_cost", "id"),
@@ -169,6 +169,9 @@ class JobCandidateRow(Base):
     end: Mapped[int] = mapped_column(Integer)
     submesh_id: Mapped[int] = mapped_column(Integer)
     config_id: Mapped[int] = mapped_column(Integer)
+    # The micro-batch size the candidate runs at when its job searches the count of
+    # micro-batches (each size its own stages); 0: the job plans one count (0011).
+    micro_batch_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     num_devices: Mapped[int] = mapped_column(Integer)
     strategy: Mapped[str] = mapped_column(String(32))
     fingerprint: Mapped[str] = mapped_column(String(HASH_LEN))

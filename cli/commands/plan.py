@@ -19,7 +19,7 @@ from cli.commands.measure_args import (
     field_default,
     measurement_options,
 )
-from cli.commands.plan_counts import parse_micro_batches
+from cli.commands.plan_counts import load_symbolic_model, parse_micro_batches
 from cli.commands.worker import add_runner_arguments, runner_config
 from cli.commands.zoo_args import (
     add_model_arguments,
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="B|auto|B1,B2,..",
         help="micro-batches per iteration (default: 4); 'auto' or a list (4,8,16,32) "
         "searches the count at the global batch (--global-batch, default: the model's "
-        "micro-batch size x 4), one job per count, the fastest plan answering",
+        "micro-batch size x 4) in one job, the fastest plan answering",
     )
     field_argument(parser, "--global-batch", PlanOptions, "global_batch_size", type=int)
     spaces = [s for s in typing.get_args(SubmeshSpace) if s != "manual"]  # no flag for manual
@@ -195,13 +195,6 @@ def run(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError) as err:
         print(f"stageprof plan: {one_line(err)}", file=sys.stderr)
         return 2
-    if options.microbatch_search is not None:
-        if args.server:
-            print("stageprof plan: --micro-batches auto runs embedded only", file=sys.stderr)
-            return 2
-        from cli.commands.plan_counts import run_counts_local
-
-        return run_counts_local(args, cluster, options, queue_embedded_job)
     if args.server:
         from cli.commands.plan_remote import run_remote
 
@@ -251,7 +244,8 @@ def _run_local(args: argparse.Namespace, cluster: ClusterSpec, options: PlanOpti
     console.print("connecting to Ray and loading the model", highlight=False)
     connect_ray(verbose=args.verbose)  # before jax is imported: Ray forks its processes
     try:
-        spec = load_model(args)
+        searched = options.microbatch_search is not None  # traced with a symbolic batch
+        spec = load_symbolic_model(args) if searched else load_model(args)
         options.check_micro_batch(spec.micro_batch_size)
     except (ValueError, OSError) as err:
         print(f"stageprof plan: {one_line(err)}", file=sys.stderr)

@@ -11,6 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from cli.commands.plan_counts import count_table
 from cli.commands.search_output import (
     estimated_ms,
     estimated_note,
@@ -156,6 +157,8 @@ def print_plan(console: Console, spec: ModelSpec, plan: Plan, stats: dict[str, A
     console.print(stage_table(plan, f"pipeline plan for {spec.name}", console.width))
     if plan.outside:
         console.print(outside_line(plan), highlight=False)
+    if plan.microbatch_options:
+        console.print(count_table(plan))
 
     compare = Table(title="predicted iteration time", title_justify="left")
     compare.add_column("plan", overflow="fold")

@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from client import zoo
+    from client.symbolic_batch import build_zoo_symbolic
     from migrations import upgrade
     from store import database_url, make_engine, make_sessionmaker
     from workers.cluster.ray_env import connect_ray
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         runner_config(args),
         build_zoo=lambda name, cfg: zoo.build(name, **cfg),
         shutdown=stop,
+        build_zoo_symbolic=lambda name, cfg: build_zoo_symbolic(name, **cfg),
     )
     logger.info("worker %s waiting for jobs", runner.config.owner)
     try:

@@ -196,9 +196,12 @@ def submit_plan(
 
     The rules between fields: exactly one of `model_id`, `model`, `zoo`; `num_microbatches`
     divides `global_batch_size`, and `global_batch_size / num_microbatches` is the model's
-    micro-batch (dim 0 of its first input); `microbatch_search` is refused (a job plans one
-    count: submit one job per count) and its counts are unique, 1 to 32 of them, each
-    dividing `global_batch_size`; `manual_submeshes` is given when `submesh_space`
+    micro-batch (dim 0 of its first input); with `microbatch_search` one job plans every
+    count it gives at the global batch and answers with the fastest (`plan.microbatch_options`
+    lists each count's best): its counts are unique, 1 to 32 of them, each dividing the
+    global batch, the search is `estimate`, and sizes other than the model's own need a
+    model traced with a symbolic batch dimension (`client.trace_symbolic_batch`; a zoo model
+    is traced so by the runner); `manual_submeshes` is given when `submesh_space`
     is `manual`, each dividing the cluster (one host with a number of devices that divides
     `devices_per_host`, or whole hosts, a number dividing `num_hosts`) and, together, able to
     cover it in at most as many stages as there are layers; each of `measure_stages` has

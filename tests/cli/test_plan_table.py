@@ -167,3 +167,22 @@ def test_the_json_line_carries_the_search_and_each_stage_s_estimate(
     assert line["plan"]["runner_up"]["stages"][-1]["measured"] is False
     assert all(st["measured"] and st["estimated_cost_s"] for st in line["plan"]["stages"])
     assert Plan.model_validate(line["plan"]) == plan
+
+
+def test_a_plan_that_searched_counts_prints_each_count_beside_it() -> None:
+    from planner.microbatches import choose_count
+
+    fast = make_plan(num_layers=6, num_microbatches=4, salt="fast")
+    slow = make_plan(num_layers=6, num_microbatches=8, salt="slow")
+    slow = slow.model_copy(
+        update={"predicted_iteration_time_s": fast.predicted_iteration_time_s * 2}
+    )
+    plan = choose_count({4: fast, 8: slow, 16: "no stage fits"}, 32)
+    out = io.StringIO()
+    print_plan(Console(file=out, width=160, color_system=None), exported_chain_spec(6), plan, STATS)
+    text = out.getvalue()
+    assert "micro-batches searched" in text
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if "│" in line}
+    assert "4 *" in rows and "8" in rows and "no stage fits" in rows["16"]
+    ms = f"{fast.predicted_iteration_time_s * 1e3:.3f}"
+    assert ms in rows["4 *"] and " 8 " in rows["4 *"]  # micro-batch 32 / 4

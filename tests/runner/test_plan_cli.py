@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -164,3 +165,20 @@ def _counts_agree(stats: dict, stderr: str, report: str) -> None:
         + f"{stats['failed']} failed · {stats['candidates']} candidates"
     )
     assert text == expected
+
+
+def test_micro_batches_searched_in_one_embedded_job(tmp_path: Path) -> None:
+    """`--micro-batches 2,4` at global batch 8 (the model traced at 4): one job, its plan
+    the fastest count's, the counts' table printed and the report showing them."""
+    args = ["--hosts", "1", "--devices-per-host", "1", "--micro-batches", "2,4"]
+    run = _plan(tmp_path, *args, "--global-batch", "8", "--json", "--report", "report.html")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    plan = out["plan"]
+    options = {o["num_microbatches"]: o for o in plan["microbatch_options"]}
+    assert sorted(options) == [2, 4] and options[plan["num_microbatches"]]["chosen"]
+    assert plan["micro_batch_size"] == 8 // plan["num_microbatches"]
+    assert "micro-batches searched" in run.stderr  # --json: the tables go to stderr
+    with sqlite3.connect(tmp_path / "plan.db") as db:  # one job planned every count
+        assert db.execute("SELECT count(*) FROM jobs").fetchone() == (1,)
+    assert 'id="microbatch-options"' in (tmp_path / "report.html").read_text()

@@ -101,8 +101,10 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         (PLANS,),
-        r"a job plans one count of micro-batches|counts must be unique",
-        "microbatch_search: refused by a job (one count per job); counts unique and few",
+        r"counts must be unique|searched by the estimate search|without a symbolic batch "
+        r"dimension|do not divide the global batch",
+        "microbatch_search: counts unique and few, dividing the global batch; the estimate "
+        "search; sizes other than the model's own need a symbolic batch dimension",
     ),
     CrossFieldRule(
         (PLANS,),

@@ -378,7 +378,56 @@ def test_the_zoo_mesh_facts_are_the_models(name: str) -> None:
     assert ZOO_MESH_FACTS[name] == MeshFacts.of(inputs, built.logical_axes.values())
 
 
-def test_microbatch_search_is_refused_by_a_job(api: httpx.Client, row_counts: RowCounts) -> None:
+def test_microbatch_search_is_accepted_for_a_zoo_model(
+    api: httpx.Client, row_counts: RowCounts
+) -> None:
+    """The runner traces a zoo model with a symbolic batch dimension: every count goes."""
     options = {"num_microbatches": 4, "microbatch_search": "auto"}
     body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER, "options": options}
-    refused(api, row_counts, body, "options.microbatch_search", "one count of micro-batches")
+    before = row_counts()["jobs"]
+    r = api.post("/v1/plans", json=body)
+    assert r.status_code == 202, r.text
+    assert row_counts()["jobs"] == before + 1
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        # the model (exported_chain_spec) is traced at 4 with no symbolic batch dimension
+        (
+            {"num_microbatches": 2, "microbatch_search": [1, 2, 4]},
+            ("without a symbolic batch dimension", "[2, 8]", "counts [1, 4]"),
+        ),
+        ({"num_microbatches": 2, "microbatch_search": [3]}, ("[3] do not divide", "batch 8")),
+        ({"microbatch_search": [2], "search": "prune"}, ("estimate search", "'prune'")),
+    ],
+)
+def test_bad_microbatch_search_is_a_422_naming_it(
+    api: httpx.Client, row_counts: RowCounts, options: dict[str, Any], words: tuple[str, ...]
+) -> None:
+    body = {"model": exported_chain_spec(num_layers=3).model_dump(mode="json"), "cluster": CLUSTER}
+    refused(api, row_counts, body | {"options": options}, "options.microbatch_search", *words)
+
+
+def test_microbatch_search_of_the_models_own_size_needs_no_symbolic_batch(
+    api: httpx.Client,
+) -> None:
+    options = {"num_microbatches": 2, "microbatch_search": [2]}
+    body = {"model": exported_chain_spec(num_layers=3).model_dump(mode="json"), "cluster": CLUSTER}
+    assert api.post("/v1/plans", json=body | {"options": options}).status_code == 202
+
+
+def test_the_cap_counts_the_sizes_searched(
+    api: httpx.Client, row_counts: RowCounts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each count's candidates are those at its micro-batch size (a data-parallel size must
+    divide it): micro-batches of 2 and 1 have fewer than the traced 8."""
+    options = {"num_microbatches": 4, "microbatch_search": [16, 32]}  # sizes 2 and 1
+    body = {"zoo": "gpt", "config": {"num_layers": 2}, "cluster": CLUSTER, "options": options}
+    cluster = ClusterSpec(**CLUSTER)
+    own, at_2 = (count_candidates(4, cluster, PlanOptions(), mb).total for mb in (8, 2))
+    assert at_2 < own
+    monkeypatch.setenv(MAX_CANDIDATES_ENV, str(at_2 - 1))
+    refused(api, row_counts, body, "zoo.config.num_layers", f"{at_2} stage", "over the cap")
+    monkeypatch.setenv(MAX_CANDIDATES_ENV, str(at_2))
+    assert api.post("/v1/plans", json=body).status_code == 202

@@ -66,11 +66,13 @@ class PoolConfig:
 @dataclass(frozen=True)
 class CandidateTask:
     """One distinct stage to measure, as the candidate `key` (on `submesh`) it was first
-    seen as."""
+    seen as; `model_key` names the spec it is a stage of (`GroupPool.add_model`; empty: the
+    pool's own)."""
 
     fingerprint: str
     key: StageKey
     submesh: SubmeshShape
+    model_key: str = ""
 
 
 @dataclass
@@ -114,9 +116,11 @@ class GroupPool:
         self.retry = retry or CandidateRetry()
         self.layout = layout or make_layout(config)
         self._model_key = model_key
-        self._spec_ref = ray.put(spec)
         self._cluster = cluster
         self._options = options
+        # each spec the pool measures stages of, by model key: (its object ref, its options)
+        self._models: dict[str, tuple[ObjectRef, PlanOptions]] = {}
+        self.add_model(model_key, spec, options)
         self._failure_result = failure_result
         self._starter = GroupStarter(
             self.layout,
@@ -138,6 +142,12 @@ class GroupPool:
         self.shapes: list[GroupShape] = []  # every shape measured, in order
 
     # --- what the measuring loop sees ---------------------------------------------
+
+    def add_model(self, model_key: str, spec: ModelSpec, options: PlanOptions) -> None:
+        """Let the pool measure stages of `spec` (tasks naming `model_key`) with `options`:
+        one pool serves the micro-batch sizes of a job that searches counts."""
+        if model_key not in self._models:
+            self._models[model_key] = (ray.put(spec), options)
 
     def info(self, submesh: SubmeshShape | None = None) -> dict[str, Any]:
         """Device kind, device count and jax version of the measuring processes (rank 0 of
@@ -244,14 +254,16 @@ class GroupPool:
 
     def _run(self, group: MeasuringGroup, task: CandidateTask) -> None:
         group.task, group.started, group.first_done = task, time.monotonic(), None
+        model_key = task.model_key or self._model_key
+        spec_ref, options = self._models[model_key]
         group.refs = [
             a.measure.remote(
-                self._model_key,
-                self._spec_ref,
+                model_key,
+                spec_ref,
                 task.fingerprint,
                 task.key,
                 self._cluster,
-                self._options,
+                options,
             )
             for a in group.actors
         ]

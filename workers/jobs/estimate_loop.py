@@ -2,7 +2,7 @@
 estimate every stage and measure only where it decides the plan (`planner.verify`)."""
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
@@ -23,16 +23,17 @@ class _Sink:
     def __init__(self, search: planner.EstimateSearch) -> None:
         self.search = search
 
-    def add(self, keys: Iterable[Key], result: StageProfileResult) -> None:
+    def add(self, fingerprint: str, keys: Iterable[Key], result: StageProfileResult) -> None:
         self.search.add(keys, result)
 
-    def prunable(self, keys: Iterable[Key]) -> bool:
+    def prunable(self, fingerprint: str, keys: Iterable[Key]) -> bool:
         return False
 
 
 @dataclass
 class EstimateLoop:
-    """Runs the estimate search of one job on its measuring phase."""
+    """Runs the estimate search of one job (or of one count of a job that searches counts:
+    `workers.jobs.count_loop` drives its steps) on its measuring phase."""
 
     ctx: JobContext
     search: planner.EstimateSearch = field(init=False)
@@ -45,6 +46,7 @@ class EstimateLoop:
         self.estimated_stages = 0  # distinct stages stored as estimated (never measured)
         self.fp_of: dict[Key, str] = ctx.candidates.fp_of
         self.keys_by_fp = ctx.keys_by_fp
+        self.pending: set[str] = set()  # stages not measured (nor asked for) yet
 
     @property
     def job_id(self) -> str:
@@ -70,63 +72,90 @@ class EstimateLoop:
         """Measure layer profiles, then the stages the rounds ask for; the stages never
         measured are stored as estimated, with their estimates."""
         keeper = self.ctx.keeper
-        for key, result in known.items():
-            self.search.add([key], result)
-        pending = set(to_measure)
         sink = _Sink(self.search)
 
-        def measure(fps: Sequence[str]) -> None:
-            wanted = self.ctx.by_group_shape([fp for fp in fps if fp in pending])
-            pending.difference_update(wanted)
+        def measure(fps: list[str]) -> None:
+            wanted = self.ctx.by_group_shape(fps)
             if wanted:  # keep_idle: the next round comes within seconds
                 self.ctx.measure(wanted, sink, keep_idle=True)
 
+        for fps in self.prepare(known, to_measure):
+            measure(fps)
+        while True:
+            keeper.check()
+            self.say("estimates")
+            keys = keeper.call("estimates", self.search.next_round)
+            if not keys:
+                break
+            fresh = self.fresh(keys)
+            if fresh is None:
+                break
+            self.say(f"verification round {self.search.rounds}")
+            measure(fresh)
+        self.finish()
+
+    def prepare(
+        self, known: dict[Key, StageProfileResult], to_measure: list[str]
+    ) -> Iterator[list[str]]:
+        """The steps before the rounds, each the stages to measure before the next step
+        (the caller measures them, results fed to `search`, then resumes): layer profiles,
+        remat variants where memory could bind, whole-model stages no smaller submesh
+        scales to."""
+        for key, result in known.items():
+            self.search.add([key], result)
+        self.pending = set(to_measure)
         by_user = self._with_keys(to_measure, {k.as_tuple() for k in self.options.measure_stages})
         asked = by_user | self._with_keys(to_measure, set(self.ctx.direct))
         profiles = [fp for fp in to_measure if self._is_profile(fp) or fp in asked]
         plain = [fp for fp in profiles if not self._all_remat(fp)]
-        self._say("layer profiles")
-        measure(plain)
+        self.say("layer profiles")
+        yield self._take(plain)
         variants = [fp for fp in profiles if self._all_remat(fp)]
         if variants:
             if self._memory_could_bind():
-                measure(variants)
+                yield self._take(variants)
             else:  # every as-written stage has room: no variant can help (unless asked for)
-                measure([fp for fp in variants if fp in by_user])
-                variant_fps = {fp for fp in pending if self._all_remat(fp)}
+                yield self._take([fp for fp in variants if fp in by_user])
+                variant_fps = {fp for fp in self.pending if self._all_remat(fp)}
                 logger.info(
                     "job %s: memory is ample, %d remat-variant stages not needed",
                     self.job_id,
                     len(variant_fps),
                 )
-                pending.difference_update(variant_fps)
+                self.pending.difference_update(variant_fps)
                 self.search.skip(k.as_tuple() for fp in variant_fps for k in self.keys_by_fp[fp])
                 self.ctx.skip(sorted(variant_fps))
         point = self.search.point_table()
         done = self.search.measured
         unscalable = [k for k in self.ctx.scaled if k not in point.estimated and k not in done]
         if unscalable:  # no smaller submesh runs the whole model to scale from: measured
-            measure(list(dict.fromkeys(self.fp_of[k] for k in unscalable)))
-        while True:
-            keeper.check()
-            self._say("estimates")
-            keys = keeper.call("estimates", self.search.next_round)
-            if not keys:
-                break
-            fps = list(dict.fromkeys(self.fp_of[k] for k in keys))
-            fresh = [fp for fp in fps if fp in pending]
-            if not fresh:  # asked for stages measured already (a race with another job)
-                logger.warning(
-                    "job %s: round %d asked for nothing new (%s)",
-                    self.job_id,
-                    self.search.rounds,
-                    ", ".join(str(k) for k in keys[:8]),
-                )
-                break
-            self._say(f"verification round {self.search.rounds}")
-            measure(fresh)
+            yield self._take(list(dict.fromkeys(self.fp_of[k] for k in unscalable)))
+
+    def fresh(self, keys: Sequence[Key]) -> list[str] | None:
+        """The stages of a round's `keys` to measure now; None when the round asked for
+        nothing new (stages measured already: a race with another job)."""
+        fps = list(dict.fromkeys(self.fp_of[k] for k in keys))
+        fresh = self._take(fps)
+        if fresh:
+            return fresh
+        logger.warning(
+            "job %s: round %d asked for nothing new (%s)",
+            self.job_id,
+            self.search.rounds,
+            ", ".join(str(k) for k in keys[:8]),
+        )
+        return None
+
+    def finish(self) -> None:
+        """The search is over: store the estimates and the stages never measured."""
         logger.info("job %s: estimate search: %s", self.job_id, self.search.stopped)
-        self._store_estimates(sorted(pending))
+        self._store_estimates(sorted(self.pending))
+
+    def _take(self, fps: Sequence[str]) -> list[str]:
+        """The stages of `fps` not measured nor asked for yet, now asked for."""
+        wanted = [fp for fp in fps if fp in self.pending]
+        self.pending.difference_update(wanted)
+        return wanted
 
     def plan(self) -> Plan:
         """The plan from the measured stages, annotated with the estimates (see
@@ -204,7 +233,7 @@ class EstimateLoop:
         if self.ctx.phase.on_progress is not None:
             self.ctx.phase.on_progress(job, self.ctx.stats)
 
-    def _say(self, phase: str) -> None:
+    def say(self, phase: str) -> None:
         """Best effort: the job row says which phase it is in."""
         job_id, owner = self.ctx.job_id, self.ctx.owner
 

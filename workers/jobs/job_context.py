@@ -57,10 +57,12 @@ def fingerprint_candidates(
     worker_info: dict[str, object],
     keeper: LeaseKeeper,
     reuse_stages: bool = True,
+    micro_batch_size: int = 0,
 ) -> JobCandidates:
     """Every candidate of `space` with its stage fingerprint on the workers' device kind and
     jax version; `reuse_stages` False makes each key's fingerprint its own (a baseline that
-    measures every candidate, as Alpa does)."""
+    measures every candidate, as Alpa does); `micro_batch_size`: the count's size in a job
+    that searches counts (0: the job plans one)."""
     from workers.measure import remat_spec, stage_fingerprint
 
     device_kind = str(worker_info["device_kind"])
@@ -90,7 +92,7 @@ def fingerprint_candidates(
             fp = hashlib.sha256(f"{fp}/{key.as_tuple()}".encode()).hexdigest()
         # the profile table's strategy column names the remat variant too: "data+full"
         shown = config.strategy + ("" if config.remat == "as_written" else f"+{config.remat}")
-        rows.append(store.CandidateIn(key, fp, submesh.num_devices, shown))
+        rows.append(store.CandidateIn(key, fp, submesh.num_devices, shown, micro_batch_size))
     return JobCandidates(tuple(rows), fingerprint_of)
 
 
@@ -119,6 +121,10 @@ class JobContext:
     # the whole-model stages measured directly
     scaled: frozenset[Key] = frozenset()
     direct: tuple[Key, ...] = ()
+    # a job that searches counts: this count's micro-batch size and its spec's key in the
+    # measuring pool (0 and the model id in a job of one count)
+    micro_batch_size: int = 0
+    model_key: str = ""
 
     @property
     def keys_by_fp(self) -> dict[str, list[StageKey]]:

@@ -23,10 +23,20 @@ class JobFailed(Exception):
     """The job cannot produce a plan; the message says why."""
 
 
+@dataclass(frozen=True)
+class ZooBuilders:
+    """How a runner builds zoo models: as traced (`plain`), and with a symbolic batch
+    dimension for a job that searches counts of micro-batches (`symbolic`)."""
+
+    plain: ZooBuilder | None = None
+    symbolic: ZooBuilder | None = None
+
+
 def load_job(
-    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, build_zoo: ZooBuilder | None
+    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, builders: ZooBuilders
 ) -> tuple[str, ModelSpec, ClusterSpec, PlanOptions]:
-    """The job's model (a zoo model is built and stored here), cluster and options."""
+    """The job's model (a zoo model is built and stored here: with a symbolic batch
+    dimension when the job searches counts of micro-batches), cluster and options."""
 
     def read(
         s: Session,
@@ -51,8 +61,11 @@ def load_job(
     if spec is not None:
         assert model_id is not None  # a stored model's spec
         return model_id, spec, cluster, options
+    searched = options.microbatch_search is not None
+    build_zoo = builders.symbolic if searched else builders.plain
     if build_zoo is None:
-        raise JobFailed("this runner cannot build zoo models")
+        how = " with a symbolic batch dimension (microbatch_search)" if searched else ""
+        raise JobFailed(f"this runner cannot build zoo models{how}")
     try:
         spec = keeper.call("zoo build", build_zoo, zoo_name, zoo_config)
     except (ValueError, TypeError, KeyError) as err:
@@ -95,8 +108,10 @@ def enumerate_space(
 
 @dataclass(frozen=True)
 class JobInputs:
-    """A loaded job, checked: its model, cluster, options and candidate space (with the
-    layer profiles the estimate search needs: `planner.with_layer_profiles`)."""
+    """A loaded job, checked: its model, cluster and options and its candidate space (with
+    the layer profiles the estimate search needs: `planner.with_layer_profiles`); in a job
+    that searches counts of micro-batches, one count's: the spec stated at its micro-batch
+    size (`micro_batch_size`, 0 in a job of one count) and the options at that count."""
 
     model_id: str
     spec: ModelSpec
@@ -107,28 +122,69 @@ class JobInputs:
     # layers outside the pipeline), and the whole-model stages measured directly
     scaled: frozenset[tuple[int, int, int, int]] = frozenset()
     direct: tuple[tuple[int, int, int, int], ...] = ()
+    micro_batch_size: int = 0
+
+    @property
+    def model_key(self) -> str:
+        """The spec's key in the measuring pool (and in its actors' spec cache)."""
+        if not self.micro_batch_size:
+            return self.model_id
+        return f"{self.model_id}@{self.micro_batch_size}"
 
 
 def load_checked(
-    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, build_zoo: ZooBuilder | None
-) -> JobInputs:
-    """The job's inputs, refused (`JobFailed`) when its batch disagrees with its spec, its
-    programs do not match the spec, or its space is over the candidate cap."""
+    retry: StoreRetry, keeper: LeaseKeeper, job_id: str, builders: ZooBuilders
+) -> list[JobInputs]:
+    """The job's inputs, one per count of micro-batches it plans (`microbatch_search`: the
+    spec stated at each count's micro-batch size, `programs.spec_at_batch`), refused
+    (`JobFailed`) when its batch disagrees with its spec, its programs do not match the
+    spec, a count's size cannot be stated, or a space is over the candidate cap."""
+    from programs import spec_at_batch
     from workers.measure import check_programs
 
-    model_id, spec, cluster, options = load_job(retry, keeper, job_id, build_zoo)
-    if options.microbatch_search is not None:
-        raise JobFailed(
-            "options.microbatch_search: a job plans one count of micro-batches; submit one "
-            "job per count (stageprof plan --micro-batches auto does)"
-        )
+    model_id, spec, cluster, options = load_job(retry, keeper, job_id, builders)
+    traced = spec.micro_batch_size
+    searched = options.microbatch_search is not None
     try:
-        options.check_micro_batch(spec.micro_batch_size)
+        options.check_micro_batch(traced)
+        counts = options.microbatch_counts(traced)
     except ValueError as err:
-        raise JobFailed(f"options.global_batch_size: {err}") from err
+        field = "microbatch_search" if searched else "global_batch_size"
+        raise JobFailed(f"options.{field}: {err}") from err
+    if searched and options.search_mode != "estimate":
+        raise JobFailed(
+            "options.microbatch_search: counts of micro-batches are searched by the estimate "
+            f"search (search: estimate), not {options.search_mode}"
+        )
     problems = keeper.call("program check", check_programs, spec)
     if problems:
         raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
+    if not searched:
+        return [_count_inputs(keeper, model_id, spec, cluster, options, 0)]
+    batch = options.global_batch(traced)
+    out = []
+    for count in counts:
+        size = batch // count
+        try:
+            at_size = keeper.call("spec at size", spec_at_batch, spec, size)
+        except ValueError as err:
+            raise JobFailed(
+                f"options.microbatch_search: {count} micro-batches of {size}: {err}"
+            ) from err
+        at_count = options.at_count(count, traced)
+        out.append(_count_inputs(keeper, model_id, at_size, cluster, at_count, size))
+    return out
+
+
+def _count_inputs(
+    keeper: LeaseKeeper,
+    model_id: str,
+    spec: ModelSpec,
+    cluster: ClusterSpec,
+    options: PlanOptions,
+    micro_batch_size: int,
+) -> JobInputs:
+    """One count's inputs: its space enumerated (within the cap), with layer profiles."""
     space = enumerate_space(spec, cluster, options, keeper)
     scaled: list[tuple[int, int, int, int]] = []
     direct: list[tuple[int, int, int, int]] = []
@@ -141,4 +197,13 @@ def load_checked(
         if options.search_mode == "estimate":
             # searched at the scaling bound, measured when a plan within the band holds one
             scaled += [k.as_tuple() for k in space.keys if k.as_tuple() not in before]
-    return JobInputs(model_id, spec, cluster, options, space, frozenset(scaled), tuple(direct))
+    return JobInputs(
+        model_id,
+        spec,
+        cluster,
+        options,
+        space,
+        frozenset(scaled),
+        tuple(direct),
+        micro_batch_size,
+    )

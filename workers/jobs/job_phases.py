@@ -4,8 +4,9 @@ the job's end (`JobRunner`)."""
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
@@ -36,11 +37,12 @@ def reuse_stored(ctx: JobContext) -> Reused:
     """Add the job's candidates to the store and take every stored measurement they can
     reuse (with the backward split where the job needs none: a superset of the one needed)."""
     job_id, model_id, candidates = ctx.job_id, ctx.model_id, ctx.candidates
+    size = ctx.micro_batch_size
     use_twins = ctx.reuse_stages and not ctx.options.measures_split_backward
 
     def reuse(s: Session) -> Reused:
         store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates.rows)
-        pending = store.pending_fingerprints(s, job_id=job_id)
+        pending = store.pending_fingerprints(s, job_id=job_id, micro_batch_size=size)
         stored = store.reusable_profiles(s, fingerprints=pending)
         for row in stored.values():
             store.record_result(s, job_id=job_id, profile=row, reused=True)
@@ -53,7 +55,7 @@ def reuse_stored(ctx: JobContext) -> Reused:
                 )
         store.refresh_progress(s, job_id=job_id)
         return Reused(
-            store.job_results(s, job_id=job_id),
+            store.job_results(s, job_id=job_id, micro_batch_size=size),
             [fp for fp in pending if fp not in stored],
             len(stored),
         )
@@ -61,8 +63,9 @@ def reuse_stored(ctx: JobContext) -> Reused:
     reused = ctx.store.patient("reuse stored stages", reuse)
     ctx.keeper.check()
     logger.info(
-        "job %s: %d candidates, %d distinct, %d reused, %d to measure",
+        "job %s%s: %d candidates, %d distinct, %d reused, %d to measure",
         job_id,
+        f" (micro-batch {size})" if size else "",
         len(candidates.rows),
         candidates.distinct,
         reused.reused,
@@ -82,26 +85,37 @@ def search_stages(ctx: JobContext, reused: Reused) -> EstimateLoop | None:
     return None
 
 
-def plan_job(ctx: JobContext, loop: EstimateLoop | None) -> Plan:
-    """Move the job to planning and plan it from its results (the estimate search's own
-    plan when it ran); `JobFailed` when every candidate failed."""
-    job_id, owner = ctx.job_id, ctx.owner
+class SearchPlanner(Protocol):
+    """A search that plans from what it measured (`EstimateLoop`, `CountsLoop`)."""
 
-    def to_planning(s: Session) -> Results | None:
+    def plan(self) -> Plan: ...
+
+
+def plan_job(
+    ctx: JobContext, loop: SearchPlanner | None, sizes: Sequence[int] | None = None
+) -> Plan:
+    """Move the job to planning and plan it from its results (the search's own plan when
+    it ran); `JobFailed` when every candidate (of every micro-batch size in `sizes`, default
+    the context's) failed."""
+    job_id, owner = ctx.job_id, ctx.owner
+    at_sizes = list(sizes) if sizes is not None else [ctx.micro_batch_size]
+
+    def to_planning(s: Session) -> list[Results] | None:
         if not store.set_job_status(s, job_id=job_id, owner=owner, status=JobStatus.planning):
             return None
-        return store.job_results(s, job_id=job_id)
+        return [store.job_results(s, job_id=job_id, micro_batch_size=n) for n in at_sizes]
 
-    results = ctx.store.patient("start planning", to_planning)
-    if results is None:
+    by_size = ctx.store.patient("start planning", to_planning)
+    if by_size is None:
         ctx.keeper.check()
         raise JobCancelled("lost the job's lease before planning")
-    failures = Counter(r.status.value for r in results.values() if not r.ok)
-    if results and not any(r.ok for r in results.values()):
+    everything = [r for results in by_size for r in results.values()]
+    failures = Counter(r.status.value for r in everything if not r.ok)
+    if everything and not any(r.ok for r in everything):
         summary = ", ".join(f"{n} {status}" for status, n in failures.most_common())
         raise JobFailed(f"every candidate failed ({summary}); nothing to plan with")
     if loop is not None:
         return ctx.keeper.call("dp", loop.plan)
     return ctx.keeper.call(
-        "dp", planner.build_plan, ctx.spec, ctx.cluster, ctx.options, ctx.space, results
+        "dp", planner.build_plan, ctx.spec, ctx.cluster, ctx.options, ctx.space, by_size[0]
     )

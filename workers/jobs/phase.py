@@ -5,7 +5,7 @@ waited for, and stages that cannot be in a better plan are skipped."""
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from sqlalchemy.orm import Session
@@ -26,11 +26,12 @@ Key = tuple[int, int, int, int]
 
 class ResultSink(Protocol):
     """What the phase feeds results to and asks before measuring: a `planner.StagePruner`,
-    or the estimate search (which prunes nothing itself)."""
+    or the estimate search (which prunes nothing itself); `fingerprint` is the stage's (the
+    search of a job that searches counts routes it to its count's search)."""
 
-    def add(self, keys: Iterable[Key], result: StageProfileResult) -> None: ...
+    def add(self, fingerprint: str, keys: Iterable[Key], result: StageProfileResult) -> None: ...
 
-    def prunable(self, keys: Iterable[Key]) -> bool: ...
+    def prunable(self, fingerprint: str, keys: Iterable[Key]) -> bool: ...
 
 
 class MeasuringPhase:
@@ -107,6 +108,7 @@ class MeasuringPhase:
         keeper: LeaseKeeper,
         ledger: StageLedger,
         keep_idle: bool = False,
+        model_of: Mapping[str, str] | None = None,
     ) -> None:
         """Submit stages as measuring groups free up (one group shape at a time: the pool
         accepts a stage when a group of its shape is free), skipping what cannot matter,
@@ -116,11 +118,12 @@ class MeasuringPhase:
         During an outage measuring goes on with the stages already claimed; their results
         wait in `ledger` and are stored when the database is back. `keep_idle`: the caller
         has more stages to come soon (the estimate search's next round): groups with nothing
-        to do are kept once the queue is empty instead of given back."""
+        to do are kept once the queue is empty instead of given back. `model_of`: the model
+        key of each stage's spec in the pool (`GroupPool.add_model`), when not the pool's own."""
 
         def feed(fp: str, result: StageProfileResult) -> None:
             if pruner is not None:
-                pruner.add((k.as_tuple() for k in keys_by_fp[fp]), result)
+                pruner.add(fp, (k.as_tuple() for k in keys_by_fp[fp]), result)
 
         queue = deque(fingerprints)
         while queue or ledger.waiting or ledger.unsaved or (self.pool and self.pool.busy):
@@ -131,7 +134,9 @@ class MeasuringPhase:
                 or self.pool.accepts(submeshes[keys_by_fp[queue[0]][0].submesh_id])
             ):
                 fp = queue[0]
-                if pruner is not None and pruner.prunable(k.as_tuple() for k in keys_by_fp[fp]):
+                if pruner is not None and pruner.prunable(
+                    fp, (k.as_tuple() for k in keys_by_fp[fp])
+                ):
                     skipped.append(queue.popleft())
                     continue
                 claim = ledger.claim(fp)
@@ -145,7 +150,9 @@ class MeasuringPhase:
                 key = keys_by_fp[fp][0]
                 pool = self.ensure_pool()
                 wanted = _same_shape(pool, queue, keys_by_fp, submeshes, key)
-                pool.submit(CandidateTask(fp, key, submeshes[key.submesh_id]), wanted)
+                model_key = "" if model_of is None else model_of.get(fp, "")
+                task = CandidateTask(fp, key, submeshes[key.submesh_id], model_key)
+                pool.submit(task, wanted)
             if self.pool is not None and (
                 (not queue and not keep_idle)
                 or (queue and not self.pool.accepts(submeshes[keys_by_fp[queue[0]][0].submesh_id]))

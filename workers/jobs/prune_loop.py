@@ -1,7 +1,7 @@
 """A job's search: prune (every stage that could be in a better plan) or exhaustive."""
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import planner
 import store
@@ -10,6 +10,21 @@ from workers.jobs.job_context import JobContext
 from workers.jobs.stage_order import measure_order
 
 logger = logging.getLogger(__name__)
+Key = tuple[int, int, int, int]
+
+
+class _PrunerSink:
+    """A `planner.StagePruner` as the measuring phase's sink (one job, one count: the
+    stage's fingerprint is not needed)."""
+
+    def __init__(self, pruner: planner.StagePruner) -> None:
+        self.pruner = pruner
+
+    def add(self, fingerprint: str, keys: Iterable[Key], result: StageProfileResult) -> None:
+        self.pruner.add(keys, result)
+
+    def prunable(self, fingerprint: str, keys: Iterable[Key]) -> bool:
+        return self.pruner.prunable(keys)
 
 
 def measure_pruned(
@@ -27,9 +42,12 @@ def measure_pruned(
     if options.search_mode != "exhaustive":
         keep = planner.baseline_keys(spec.num_layers, space, cluster.num_devices)
         keep |= asked
-        pruner = planner.StagePruner(spec, cluster, options, space, options.prune_margin, keep=keep)
+        stage_pruner = planner.StagePruner(
+            spec, cluster, options, space, options.prune_margin, keep=keep
+        )
         for known_key, result in known.items():
-            pruner.add([known_key], result)
+            stage_pruner.add([known_key], result)
+        pruner = _PrunerSink(stage_pruner)
         # Small stages first: they are cheap and bound the big ones, which may then
         # never need measuring. Within a size, larger submeshes first (as Alpa).
         to_measure.sort(key=lambda fp: measure_order(keys_by_fp[fp], space))

@@ -22,22 +22,24 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import planner
 import store
-from schemas import ClusterSpec, JobStatus, Plan, ProfileStatus, StageProfileResult
+from schemas import JobStatus, Plan
 from store.claims import release_claims
 from store.counters import add_counts
 from store.jobs import cancelled_expired_ids, reap_cancelled_expired, release_lease
 from workers.cluster import (
     KILL_GRACE_S,
     CandidateRetry,
-    CandidateTask,
     GroupPool,
+    Layout,
     PoolConfig,
     make_layout,
     virtual_devices_only,
 )
+from workers.jobs.count_loop import search_counts
+from workers.jobs.failures import FailureFactory
 from workers.jobs.heartbeat import JobCancelled, LeaseKeeper, WorkerShutdown
 from workers.jobs.job_context import JobContext, fingerprint_candidates
-from workers.jobs.job_inputs import JobFailed, ZooBuilder, load_checked
+from workers.jobs.job_inputs import JobFailed, JobInputs, ZooBuilder, ZooBuilders, load_checked
 from workers.jobs.job_phases import plan_job, reuse_stored, search_stages
 from workers.jobs.job_stats import JobOutcome, JobStats, ProgressCallback
 from workers.jobs.phase import MeasuringPhase
@@ -92,10 +94,12 @@ class JobRunner:
         build_zoo: ZooBuilder | None = None,
         on_progress: ProgressCallback | None = None,
         shutdown: threading.Event | None = None,
+        build_zoo_symbolic: ZooBuilder | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config or RunnerConfig()
-        self.build_zoo = build_zoo
+        # zoo models as traced, and with a symbolic batch dimension (microbatch_search)
+        self.zoo = ZooBuilders(build_zoo, build_zoo_symbolic)
         self.on_progress = on_progress
         self.phase: MeasuringPhase | None = None  # the current job's measuring phase
         self.counters = RunnerCounters()
@@ -277,34 +281,45 @@ class JobRunner:
     def _profile_and_plan(
         self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
     ) -> Plan:
-        ctx = self._context(job_id, stats, keeper, ledger)
+        counts = load_checked(self.store, keeper, job_id, self.zoo)
+        phase, layout = self._phase(job_id, counts, stats, keeper)
+        contexts = {
+            job.options.num_microbatches: self._context(job_id, job, phase, layout, keeper, ledger)
+            for job in counts
+        }
+        if counts[0].micro_batch_size:  # the job searches the count of micro-batches
+            return search_counts(contexts)
+        (ctx,) = contexts.values()
         reused = reuse_stored(ctx)
         loop = search_stages(ctx, reused)
         return plan_job(ctx, loop)
 
-    def _context(
-        self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
-    ) -> JobContext:
-        """The job loaded and checked, its measuring phase (the pool starts when a stage
-        needs measuring) and its candidates fingerprinted."""
-        job = load_checked(self.store, keeper, job_id, self.build_zoo)
-        space = job.space
-        pool_config = self._pool_config(space)
+    def _phase(
+        self, job_id: str, counts: list[JobInputs], stats: JobStats, keeper: LeaseKeeper
+    ) -> tuple[MeasuringPhase, Layout]:
+        """The job's measuring phase and its pool's layout: the pool (started when a stage
+        needs measuring) measures the stages of every count's spec."""
+        first = counts[0]
+        pool_config = self._pool_config([job.space for job in counts])
         layout = make_layout(pool_config)
+        failures = FailureFactory({job.model_key: job.space for job in counts}, first.cluster)
 
         def start_pool() -> GroupPool:
-            return GroupPool(
+            pool = GroupPool(
                 pool_config,
-                model_key=job.model_id,
-                spec=job.spec,
-                cluster=job.cluster,
-                options=job.options,
-                failure_result=FailureFactory(space, job.cluster).make,
+                model_key=first.model_key,
+                spec=first.spec,
+                cluster=first.cluster,
+                options=first.options,
+                failure_result=failures.make,
                 retry=self.config.retry,
                 layout=layout,
                 check=keeper.check,
                 on_wait=phase.on_device_wait,
             )
+            for job in counts[1:]:
+                pool.add_model(job.model_key, job.spec, job.options)
+            return pool
 
         phase = self.phase = MeasuringPhase(
             self.store,
@@ -317,10 +332,30 @@ class JobRunner:
         )
         if self._worker_info is None:  # first job of this runner: ask the actors once
             # stages are measured small first, on the largest submesh first (measure_order)
-            largest = max(space.submeshes, key=lambda m: m.num_devices)
+            largest = max(first.space.submeshes, key=lambda m: m.num_devices)
             self._worker_info = phase.ensure_pool().info(largest)
+        return phase, layout
+
+    def _context(
+        self,
+        job_id: str,
+        job: JobInputs,
+        phase: MeasuringPhase,
+        layout: Layout,
+        keeper: LeaseKeeper,
+        ledger: StageLedger,
+    ) -> JobContext:
+        """The context of the job (of one of its counts): its inputs, measuring phase and
+        candidates fingerprinted."""
+        assert self._worker_info is not None
         candidates = fingerprint_candidates(
-            job.spec, space, job.options, self._worker_info, keeper, self.config.reuse_stages
+            job.spec,
+            job.space,
+            job.options,
+            self._worker_info,
+            keeper,
+            self.config.reuse_stages,
+            job.micro_batch_size,
         )
         return JobContext(
             job_id=job_id,
@@ -329,51 +364,32 @@ class JobRunner:
             spec=job.spec,
             cluster=job.cluster,
             options=job.options,
-            space=space,
+            space=job.space,
             candidates=candidates,
             store=self.store,
             keeper=keeper,
             ledger=ledger,
-            stats=stats,
+            stats=phase.stats,
             phase=phase,
             layout=layout,
             reuse_stages=self.config.reuse_stages,
             scaled=job.scaled,
             direct=job.direct,
+            micro_batch_size=job.micro_batch_size,
+            model_key=job.model_key,
         )
 
-    def _pool_config(self, space: planner.CandidateSpace) -> PoolConfig:
+    def _pool_config(self, spaces: list[planner.CandidateSpace]) -> PoolConfig:
         """Packed groups, one shape at a time, on a Ray cluster whose devices are real
         resources; on the local Ray of virtual CPU devices, one shape per job (its largest
         submesh), which packing only slows down here (bench/RESULTS.md §7)."""
         one_shape = self.config.devices_per_worker
         if one_shape is None and not self.config.use_gpus and virtual_devices_only():
-            one_shape = max(m.num_devices for m in space.submeshes)
+            one_shape = max(m.num_devices for space in spaces for m in space.submeshes)
         return PoolConfig(
             max_groups=self.config.num_workers,
             one_shape=one_shape,
             use_gpus=self.config.use_gpus,
             kill_grace_s=self.config.kill_grace_s,
             device_wait_s=self.config.device_wait_s,
-        )
-
-
-class FailureFactory:
-    """Makes the result of a candidate that produced none (timeout, lost worker)."""
-
-    def __init__(self, space: planner.CandidateSpace, cluster: ClusterSpec) -> None:
-        self.space = space
-        self.cluster = cluster
-
-    def make(self, task: CandidateTask, status: ProfileStatus, error: str) -> StageProfileResult:
-        submesh, config = self.space.resolve(task.key)
-        return StageProfileResult(
-            status=status,
-            error=error,
-            fingerprint=task.fingerprint,
-            key=task.key,
-            submesh=submesh,
-            config=config,
-            num_layers=task.key.end - task.key.start + 1,
-            available_memory=self.cluster.device_memory_bytes,
         )

@@ -1,0 +1,149 @@
+"""A job that searches the count of micro-batches (`PlanOptions.microbatch_search`): every
+count's estimate search in one job, on one measuring pool.
+
+Each count B has its own context (the spec stated at micro-batch global batch / B, the
+options at B, its candidate space and stage fingerprints, its candidates stored at its
+micro-batch size) and its own `EstimateLoop`. `CountsLoop` runs their steps side by side:
+the layer profiles of every count together, then rounds of `planner.MicrobatchSearch`, which
+stops a count whose optimistic best is slower than a plan of measured stages another count
+has; each step's stages of every count go to the pool together (tasks name their count's
+spec: `GroupPool.add_model`). The plan is the fastest count's (`choose_count`), every
+count's best beside it.
+"""
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+from planner.errors import NoFeasiblePlan
+from planner.microbatches import CountPlan, MicrobatchSearch, choose_count
+from schemas import Plan, StageKey, StageProfileResult
+from workers.jobs.estimate_loop import EstimateLoop
+from workers.jobs.job_context import JobContext
+from workers.jobs.job_phases import Reused, plan_job, reuse_stored
+from workers.jobs.stage_order import by_group_shape
+
+logger = logging.getLogger(__name__)
+Key = tuple[int, int, int, int]
+
+
+class _CountsSink:
+    """Feeds each result to the search of the count whose stage it is."""
+
+    def __init__(self, loops: Mapping[int, EstimateLoop], count_of: Mapping[str, int]) -> None:
+        self.loops = loops
+        self.count_of = count_of
+
+    def add(self, fingerprint: str, keys: Iterable[Key], result: StageProfileResult) -> None:
+        self.loops[self.count_of[fingerprint]].search.add(keys, result)
+
+    def prunable(self, fingerprint: str, keys: Iterable[Key]) -> bool:
+        return False
+
+
+class CountsLoop:
+    """The estimate searches of a job's counts (`contexts`, by count), run together."""
+
+    def __init__(self, contexts: Mapping[int, JobContext]) -> None:
+        first = contexts[min(contexts)]
+        for b, ctx in contexts.items():
+            if ctx.space.submeshes != first.space.submeshes:
+                raise ValueError(f"{b} micro-batches: the submeshes differ from the others'")
+        self.ctx = first  # what every count shares: store, keeper, phase, ledger, layout
+        self.loops = {b: EstimateLoop(ctx) for b, ctx in sorted(contexts.items())}
+        batch = first.options.global_batch(first.spec.micro_batch_size)
+        self.search = MicrobatchSearch({b: x.search for b, x in self.loops.items()}, batch)
+        self.keys_by_fp: dict[str, list[StageKey]] = {}
+        self.count_of: dict[str, int] = {}
+        self.model_of: dict[str, str] = {}
+        for b, ctx in contexts.items():
+            for fp, keys in ctx.keys_by_fp.items():
+                if fp in self.count_of:  # stages of different sizes are different stages
+                    raise ValueError(f"stage {fp[:12]} is one of {b} and {self.count_of[fp]}")
+                self.keys_by_fp[fp] = keys
+                self.count_of[fp] = b
+                self.model_of[fp] = ctx.model_key
+        self._sink = _CountsSink(self.loops, self.count_of)
+
+    @property
+    def sizes(self) -> list[int]:
+        """The micro-batch size of each count, as its candidates are stored."""
+        return [x.ctx.micro_batch_size for x in self.loops.values()]
+
+    def run(self, reused: Mapping[int, Reused]) -> None:
+        """Every count's steps before the rounds, step by step together; then the rounds
+        of `MicrobatchSearch` until no count asks for more; then each count's estimates."""
+        keeper = self.ctx.keeper
+        steps: list[Iterator[list[str]]] = [
+            loop.prepare(dict(reused[b].known), reused[b].to_measure)
+            for b, loop in self.loops.items()
+        ]
+        while steps:
+            wanted: list[str] = []
+            alive = []
+            for step in steps:
+                fps = next(step, None)
+                if fps is not None:
+                    wanted.extend(fps)
+                    alive.append(step)
+            self._measure(wanted)
+            steps = alive
+        while True:
+            keeper.check()
+            self.loops[min(self.loops)].say("estimates")
+            asked = keeper.call("estimates", self.search.next_round)
+            if not asked:
+                break
+            wanted = []
+            for b, keys in asked.items():
+                fresh = self.loops[b].fresh(keys)
+                if fresh is None:  # measured already by another job: this count is done
+                    self.search.live.discard(b)
+                    continue
+                wanted.extend(fresh)
+            if not wanted:
+                break
+            self.loops[min(self.loops)].say(f"verification round {self.search.rounds}")
+            self._measure(wanted)
+        for b, why in self.search.dropped.items():
+            logger.info("job %s: %d micro-batches stopped early: %s", self.ctx.job_id, b, why)
+        for loop in self.loops.values():
+            loop.finish()
+
+    def plans(self) -> dict[int, CountPlan]:
+        """Each count's plan (`EstimateLoop.plan`), or why it has none."""
+        out: dict[int, CountPlan] = {}
+        for b, loop in self.loops.items():
+            try:
+                out[b] = loop.plan()
+            except NoFeasiblePlan as err:
+                out[b] = str(err)
+        return out
+
+    def plan(self) -> Plan:
+        """The fastest count's plan, every count's best beside it (`choose_count`)."""
+        return choose_count(self.plans(), self.search.global_batch)
+
+    def _measure(self, fps: Sequence[str]) -> None:
+        ctx = self.ctx
+        wanted = by_group_shape(list(fps), self.keys_by_fp, ctx.space, ctx.layout)
+        if not wanted:
+            return
+        ctx.phase.run(
+            wanted,
+            self.keys_by_fp,
+            ctx.space.submeshes,
+            self._sink,
+            ctx.stats,
+            ctx.keeper,
+            ctx.ledger,
+            keep_idle=True,  # the next step comes within seconds
+            model_of=self.model_of,
+        )
+
+
+def search_counts(contexts: Mapping[int, JobContext]) -> Plan:
+    """Reuse what the store holds for each count, search every count together, plan."""
+    reused = {b: reuse_stored(ctx) for b, ctx in contexts.items()}
+    loop = CountsLoop(contexts)
+    loop.run(reused)
+    return plan_job(loop.ctx, loop, loop.sizes)
