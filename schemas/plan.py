@@ -242,6 +242,11 @@ class PlanOptions(Frozen):
                     f"microbatch_search: {bad} do not divide global_batch_size "
                     f"({self.global_batch_size})"
                 )
+        if search is not None and self.measure_stages:
+            raise ValueError(
+                "measure_stages: its keys name config ids of one count's space, and each "
+                "count of microbatch_search has its own; give a fixed num_microbatches"
+            )
         fixed = search is None and self.global_batch_size is not None
         if fixed and self.global_batch_size % self.num_microbatches:  # type: ignore[operator]
             raise ValueError(

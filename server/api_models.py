@@ -98,6 +98,10 @@ class ProfileRowOut(Out):
     end: int = Field(description="Last layer, inclusive.")
     submesh_id: int
     config_id: int
+    micro_batch_size: int = Field(
+        description="The micro-batch size it runs at, in a job that searched counts of "
+        "micro-batches (each count's candidates are its own); 0: a job of one count."
+    )
     num_devices: int
     strategy: str
     status: str | None = Field(
@@ -162,6 +166,17 @@ class CostMatricesOut(Out):
     job_id: str
     num_layers: int
     layer_names: list[str]
+    micro_batch_size: int | None = Field(
+        None,
+        description="The micro-batch size the matrices are of, in a job that searched counts "
+        "of micro-batches (default: the plan's, or while it runs the largest); null: a job "
+        "of one count.",
+    )
+    micro_batch_sizes: list[int] = Field(
+        default_factory=list,
+        description="Every size the job searched (ask for one with ?micro_batch_size=); "
+        "empty: a job of one count.",
+    )
     matrices: list[CostMatrixOut]
 
 

@@ -56,6 +56,7 @@ PROFILE_COLUMNS: dict[str, Any] = {
     "end": _C.end,
     "submesh_id": _C.submesh_id,
     "config_id": _C.config_id,
+    "micro_batch_size": _C.micro_batch_size,
     "num_devices": _C.num_devices,
     "strategy": _C.strategy,
     "status": _C.status,
@@ -101,6 +102,7 @@ class ProfileFilter:
     num_devices: int | None = None
     strategy: str | None = None
     fingerprint: str | None = None
+    micro_batch_size: int | None = None
 
     def conditions(self) -> list[ColumnElement[bool]]:
         out: list[ColumnElement[bool]] = []
@@ -112,6 +114,7 @@ class ProfileFilter:
             "num_devices": _C.num_devices,
             "strategy": _C.strategy,
             "fingerprint": _C.fingerprint,
+            "micro_batch_size": _C.micro_batch_size,
         }
         for name, column in equal.items():
             value = getattr(self, name)
@@ -264,9 +267,11 @@ def cost_matrices(
     num_layers: int,
     submesh_id: int | None = None,
     config_id: int | None = None,
+    micro_batch_size: int | None = None,
 ) -> list[CostMatrix]:
     """An L×L (start × end) cost matrix for each (submesh_id, config_id) of the job, or
-    only those with the given `submesh_id` / `config_id`."""
+    only those with the given `submesh_id` / `config_id`; `micro_batch_size`: a job that
+    searched counts of micro-batches has a matrix per size, this size's only."""
     stmt = (
         select(
             _C.submesh_id,
@@ -291,6 +296,8 @@ def cost_matrices(
         stmt = stmt.where(_C.submesh_id == submesh_id)
     if config_id is not None:
         stmt = stmt.where(_C.config_id == config_id)
+    if micro_batch_size is not None:
+        stmt = stmt.where(_C.micro_batch_size == micro_batch_size)
     out: dict[tuple[int, int], CostMatrix] = {}
     for r in session.execute(stmt):
         m = out.get((r.submesh_id, r.config_id))
@@ -313,6 +320,13 @@ def cost_matrices(
             m.estimated_cost[r.start][r.end] = r.estimated_cost
             m.status[r.start][r.end] = r.status or PENDING
     return list(out.values())
+
+
+def job_micro_batch_sizes(session: Session, *, job_id: str) -> list[int]:
+    """The micro-batch sizes a job's candidates run at, ascending: `[0]` for a job of one
+    count (its candidates carry no size), several for a job that searched counts."""
+    stmt = select(func.distinct(_C.micro_batch_size)).where(_C.job_id == job_id)
+    return sorted(int(x) for x in session.scalars(stmt))
 
 
 def count_profiles_by_status(session: Session) -> dict[str, int]:

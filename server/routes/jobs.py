@@ -8,8 +8,9 @@ from sqlalchemy.orm import Session
 from schemas import TEXT_PATTERN, Job, JobStatus, Plan
 from schemas.trainer_export import ExportFormat, ExportUnavailable, export_plan
 from server.api_models import CostMatricesOut, CostMatrixOut, JobList, error_responses
+from server.checks import raise_if
 from server.deps import SessionDep
-from server.errors import Conflict, NotFound
+from server.errors import Conflict, NotFound, field_error
 from store import (
     JobRow,
     ModelRow,
@@ -21,7 +22,7 @@ from store import (
     session_scope,
 )
 from store.jobs import cancelled_expired_ids, reap_cancelled_expired
-from store.queries import CostMatrix, cost_matrices, job_num_layers
+from store.queries import CostMatrix, cost_matrices, job_micro_batch_sizes, job_num_layers
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -172,19 +173,55 @@ def read_cost_matrix(
     config_id: Annotated[
         int | None, Query(ge=0, le=2**31 - 1, description="Only this config.")
     ] = None,
+    micro_batch_size: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=2**31 - 1,
+            description="A job that searched counts of micro-batches: the matrices at this "
+            "size (default: the plan's).",
+        ),
+    ] = None,
 ) -> CostMatricesOut:
     """`compute_cost[start][end]` in seconds (null where missing, pending, failed or estimated
     only), `estimated_cost[start][end]` (the job's estimates) and `status[start][end]`, for
-    every (submesh_id, config_id) of the job or the ones asked."""
+    every (submesh_id, config_id) of the job or the ones asked; in a job that searched
+    counts of micro-batches, those of one micro-batch size."""
     return cost_matrices_out(
-        session, _job_row(session, job_id), submesh_id=submesh_id, config_id=config_id
+        session,
+        _job_row(session, job_id),
+        submesh_id=submesh_id,
+        config_id=config_id,
+        micro_batch_size=micro_batch_size,
     )
 
 
+def _shown_size(session: Session, row: JobRow, asked: int | None) -> tuple[int | None, list[int]]:
+    """The micro-batch size whose matrices are shown and every size the job searched (none
+    for a job of one count); a size the job did not search is a 422."""
+    sizes = [s for s in job_micro_batch_sizes(session, job_id=row.id) if s > 0]
+    if asked is not None and asked not in sizes:
+        searched = f"it searched {sizes}" if sizes else "it planned one count"
+        raise_if(
+            [field_error(("query", "micro_batch_size"), f"not a size of this job: {searched}")]
+        )
+    if not sizes:
+        return None, []
+    planned = (row.plan or {}).get("micro_batch_size")
+    default = planned if planned in sizes else max(sizes)
+    return (asked if asked is not None else default), sizes
+
+
 def cost_matrices_out(
-    session: Session, row: JobRow, *, submesh_id: int | None = None, config_id: int | None = None
+    session: Session,
+    row: JobRow,
+    *,
+    submesh_id: int | None = None,
+    config_id: int | None = None,
+    micro_batch_size: int | None = None,
 ) -> CostMatricesOut:
     """The cost-matrix answer for a job row (also embedded in the standalone report)."""
+    size, sizes = _shown_size(session, row, micro_batch_size)
     n = job_num_layers(session, job_id=row.id)
     names: list[str] = [str(i) for i in range(n)]
     if row.model_id is not None:
@@ -195,6 +232,8 @@ def cost_matrices_out(
         job_id=row.id,
         num_layers=n,
         layer_names=names,
+        micro_batch_size=size,
+        micro_batch_sizes=sizes,
         matrices=[
             CostMatrixOut(
                 submesh_id=m.submesh_id,
@@ -209,7 +248,12 @@ def cost_matrices_out(
                 status=m.status,
             )
             for m in cost_matrices(
-                session, job_id=row.id, num_layers=n, submesh_id=submesh_id, config_id=config_id
+                session,
+                job_id=row.id,
+                num_layers=n,
+                submesh_id=submesh_id,
+                config_id=config_id,
+                micro_batch_size=size,
             )
         ],
     )

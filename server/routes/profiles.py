@@ -177,6 +177,15 @@ def read_profiles(
         ),
     ] = None,
     fingerprint: Annotated[str | None, Query(max_length=64, pattern=TEXT_PATTERN)] = None,
+    micro_batch_size: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=MAX_INT,
+            description="Only candidates at this micro-batch size (a job that searched counts "
+            "of micro-batches has candidates per size; 0: jobs of one count).",
+        ),
+    ] = None,
     sort: Annotated[
         SortParam, Query(description="Sort key; '-' for descending. Nulls always last.")
     ] = "compute_cost",
@@ -221,6 +230,7 @@ def read_profiles(
         num_devices=num_devices,
         strategy=strategy,
         fingerprint=fingerprint,
+        micro_batch_size=micro_batch_size,
     )
     page = profile_page(session, filters=filters, sort=order, limit=limit, after=after)
     next_cursor = encode_cursor(order, page.next) if page.next is not None else None

@@ -236,6 +236,13 @@ def test_counts_are_the_divisors_of_the_global_batch() -> None:
         ({"microbatch_search": [0]}, "greater than or equal to 1"),
         ({"microbatch_search": [3], "global_batch_size": 16}, r"\[3\] do not divide"),
         ({"microbatch_search": "some"}, "auto"),
+        (
+            {
+                "microbatch_search": [2, 4],
+                "measure_stages": [{"start": 0, "end": 0, "submesh_id": 0, "config_id": 0}],
+            },
+            "measure_stages: its keys name config ids of one count's space",
+        ),
     ],
 )
 def test_bad_microbatch_search_is_refused(body: dict, message: str) -> None:

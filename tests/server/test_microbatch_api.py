@@ -64,3 +64,22 @@ def test_a_posted_microbatch_search_runs_to_a_plan_of_the_fastest_count(
     page = api.get(created["dashboard_url"])  # the job's page shows every count
     assert page.status_code == 200 and 'id="microbatch-options"' in page.text
     assert page.text.count('<span class="badge">chosen</span>') == 1
+    # the cost matrices and the profile table keep each size's candidates apart
+    matrices = api.get(f"/v1/jobs/{job_id}/cost-matrix").json()
+    assert matrices["micro_batch_sizes"] == [2, 4]
+    assert matrices["micro_batch_size"] == plan.micro_batch_size
+    other = 6 - plan.micro_batch_size
+    at_other = api.get(f"/v1/jobs/{job_id}/cost-matrix", params={"micro_batch_size": other})
+    assert at_other.status_code == 200 and at_other.json()["micro_batch_size"] == other
+    bad = api.get(f"/v1/jobs/{job_id}/cost-matrix", params={"micro_batch_size": 3})
+    assert bad.status_code == 422 and "micro_batch_size" in bad.text
+    assert "it searched [2, 4]" in bad.text
+    rows = api.get("/v1/profiles", params={"job_id": job_id, "limit": 1000}).json()["items"]
+    assert {r["micro_batch_size"] for r in rows} == {2, 4}
+    for size in (2, 4):
+        only = api.get(
+            "/v1/profiles", params={"job_id": job_id, "micro_batch_size": size, "limit": 1000}
+        ).json()["items"]
+        assert only and {r["micro_batch_size"] for r in only} == {size}
+        keys = [(r["start"], r["end"], r["submesh_id"], r["config_id"]) for r in only]
+        assert len(keys) == len(set(keys))  # one row per stage key at a size
