@@ -126,7 +126,8 @@
       const render = () => {
         const m = data.matrices[Number(select.value)];
         draw(box, m, data.layer_names, planStages);
-        note.textContent = data.num_layers + " layers · " + m.num_devices + " device(s) · outlined cells are the plan's stages";
+        const size = data.micro_batch_size ? " · micro-batch size " + data.micro_batch_size + " (searched: " + data.micro_batch_sizes.join(", ") + ")" : "";
+        note.textContent = data.num_layers + " layers · " + m.num_devices + " device(s)" + size + " · outlined cells are the plan's stages";
       };
       select.onchange = render;
       render();
