@@ -17,6 +17,7 @@ import schemathesis
 MODELS = "POST /v1/models"
 PLANS = "POST /v1/plans"
 PROFILES = "GET /v1/profiles"
+COST_MATRIX = "GET /v1/jobs/{job_id}/cost-matrix"
 SPEC_OPS = (MODELS, PLANS)  # a plan request may carry a model spec inline
 
 
@@ -102,9 +103,10 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         (PLANS,),
         r"counts must be unique|searched by the estimate search|without a symbolic batch "
-        r"dimension|do not divide the global batch",
+        r"dimension|do not divide the global batch|each count of microbatch_search has its own",
         "microbatch_search: counts unique and few, dividing the global batch; the estimate "
-        "search; sizes other than the model's own need a symbolic batch dimension",
+        "search; sizes other than the model's own need a symbolic batch dimension; no "
+        "measure_stages beside it",
     ),
     CrossFieldRule(
         (PLANS,),
@@ -130,6 +132,12 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
         field=r"^options\.measure_stages\.\d+$",
     ),
     CrossFieldRule((PROFILES,), r"must be >= start_min", "end_max >= start_min"),
+    CrossFieldRule(
+        (COST_MATRIX,),
+        r"not a size of this job",
+        "micro_batch_size: one of the sizes the job searched (the job's data)",
+        field=r"micro_batch_size$",
+    ),
     CrossFieldRule(
         (PROFILES,),
         r"not a cursor returned by this API|the cursor was made for sort",
