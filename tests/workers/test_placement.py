@@ -97,4 +97,4 @@ def test_which_pool_a_job_gets(
     )
     config = runner_module.RunnerConfig(use_gpus=gpus, devices_per_worker=devices_per_worker)
     job_runner = runner_module.JobRunner(None, config)  # type: ignore[arg-type]
-    assert job_runner._pool_config(space).one_shape == one_shape
+    assert job_runner._pool_config([space]).one_shape == one_shape
