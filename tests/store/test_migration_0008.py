@@ -2,13 +2,8 @@
 gets `measured_by` (empty, or its stored result's own), nothing else changes, and it goes
 back down. Postgres runs in a schema of its own, dropped after."""
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from alembic import command
-from sqlalchemy import MetaData, Table, inspect, make_url
+from sqlalchemy import MetaData, Table, inspect
 from sqlalchemy.orm import Session
 
 from migrations import alembic_config, upgrade
@@ -16,28 +11,9 @@ from schemas import ProfileStatus, StageKey
 from store import get_profile, make_engine, profile_result
 from store.profiles import _profile_values
 from tests.store.factories import profile
-from tests.support.databases import postgres_url
 
 KEY = StageKey(start=0, end=0, submesh_id=0, config_id=0)
 TWO_HOSTS = ["a1b2c3d4e5f6:4242", "0f9e8d7c6b5a:4250"]
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'm0008.db'}"
-        return
-    schema = f"m0008_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(postgres_url())
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    url = make_url(postgres_url()).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
 
 
 def test_0008_gives_old_rows_measured_by(empty_url: str) -> None:

@@ -2,13 +2,9 @@
 old rows read as micro-batch size 0, one key may then be stored once per size (and only once
 per size), and it goes back down. Postgres runs in a schema of its own, dropped after."""
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from alembic import command
-from sqlalchemy import MetaData, Table, inspect, make_url
+from sqlalchemy import MetaData, Table, inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,27 +22,8 @@ from store import (
     save_profile,
 )
 from tests.store.factories import profile, tiny_spec
-from tests.support.databases import postgres_url
 
 KEY = StageKey(start=0, end=0, submesh_id=0, config_id=0)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'm0011.db'}"
-        return
-    schema = f"m0011_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(postgres_url())
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    url = make_url(postgres_url()).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
 
 
 def test_0011_keeps_old_candidates_and_keys_them_by_size(empty_url: str) -> None:
