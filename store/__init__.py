@@ -46,6 +46,7 @@ from store.models import (
 from store.profiles import (
     CandidateIn,
     add_candidates,
+    answers,
     get_profile,
     job_results,
     mark_estimated,
@@ -103,6 +104,7 @@ __all__ = [
     "mark_pruned",
     "record_estimates",
     "request_cancel",
+    "answers",
     "reusable_profiles",
     "save_profile",
     "session_scope",

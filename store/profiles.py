@@ -4,7 +4,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import ColumnElement, bindparam, insert, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -21,6 +21,29 @@ TRANSIENT_STATUSES = (
     ProfileStatus.runtime_error.value,
 )
 REUSABLE_STATUSES = tuple(s.value for s in ProfileStatus if s.value not in TRANSIENT_STATUSES)
+_OOM = ProfileStatus.oom.value
+_MEASURED_WITH = StageProfileRow.result["available_memory"].as_float()
+
+
+def answers(row: StageProfileRow, device_memory: int | None = None) -> bool:
+    """Whether a stored result answers a job whose devices have `device_memory` bytes: not a
+    transient failure, and not an `oom` found with less memory than that job has (judged
+    against the measuring job's devices; the asking job's may fit it). None: any job."""
+    if row.status in TRANSIENT_STATUSES:
+        return False
+    if row.status != _OOM or device_memory is None:
+        return True
+    measured_with = (row.result or {}).get("available_memory")
+    return isinstance(measured_with, int) and measured_with >= device_memory
+
+
+def _answers_sql(device_memory: int | None) -> ColumnElement[bool]:
+    """`answers` as a condition on `stage_profiles` rows."""
+    usable = StageProfileRow.status.in_(REUSABLE_STATUSES)
+    if device_memory is None:
+        return usable
+    enough = _MEASURED_WITH >= literal(float(device_memory))
+    return usable & or_(StageProfileRow.status != _OOM, enough)
 
 
 @dataclass(frozen=True)
@@ -67,15 +90,20 @@ def save_profile(session: Session, *, result: StageProfileResult) -> StageProfil
     """Store a measurement; concurrent saves of one fingerprint keep one row.
 
     A stored transient failure (timeout, worker lost, runtime error) is replaced by a new
-    result; anything else stored first wins.
+    result, and so is an `oom` found with less device memory than `result` was measured
+    with (a job with bigger devices measured it again); anything else stored first wins.
     """
     values = _profile_values(result)
     dialect_insert = pg_insert if is_postgres(session) else sqlite_insert
     stmt = dialect_insert(StageProfileRow).values(**values)
+    replaceable = StageProfileRow.status.in_(TRANSIENT_STATUSES)
+    if result.status.value not in TRANSIENT_STATUSES:
+        smaller = _MEASURED_WITH < literal(float(result.available_memory))
+        replaceable = replaceable | ((StageProfileRow.status == _OOM) & smaller)
     stmt = stmt.on_conflict_do_update(
         index_elements=[StageProfileRow.fingerprint],
         set_={k: stmt.excluded[k] for k in values if k != "fingerprint"},
-        where=StageProfileRow.status.in_(TRANSIENT_STATUSES),
+        where=replaceable,
     )
     session.execute(stmt)
     row = session.scalars(
@@ -92,15 +120,16 @@ def get_profile(session: Session, *, fingerprint: str) -> StageProfileRow | None
 
 
 def reusable_profiles(
-    session: Session, *, fingerprints: Iterable[str]
+    session: Session, *, fingerprints: Iterable[str], device_memory: int | None = None
 ) -> dict[str, StageProfileRow]:
-    """Stored profiles that a job may reuse instead of measuring (not transient failures)."""
+    """Stored profiles that a job whose devices have `device_memory` bytes may reuse instead
+    of measuring (`answers`: not transient failures, no `oom` found on smaller devices)."""
     wanted = list(set(fingerprints))
     found: dict[str, StageProfileRow] = {}
     for i in range(0, len(wanted), 500):
         stmt = select(StageProfileRow).where(
             StageProfileRow.fingerprint.in_(wanted[i : i + 500]),
-            StageProfileRow.status.in_(REUSABLE_STATUSES),
+            _answers_sql(device_memory),
         )
         found.update((row.fingerprint, row) for row in session.scalars(stmt))
     return found

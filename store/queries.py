@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, Select, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
-from schemas import ProfileStatus
+from schemas import ClusterSpec, ProfileStatus, StageProfileResult
 from store.tables import (
     ESTIMATED,
     PRUNED,
@@ -199,10 +199,32 @@ def profile_page(
     if not no_nulls and len(rows) <= limit:
         rows += _fetch(session, _null_part(base, column, sort, after), limit + 1 - len(rows))
     if len(rows) <= limit:
+        _judge_on_their_jobs(session, rows)
         return ProfilePage(rows=rows, next=None)
     rows = rows[:limit]
+    _judge_on_their_jobs(session, rows)
     last = rows[-1]
     return ProfilePage(rows=rows, next=PageCursor(value=last[sort.key], id=last["id"]))
+
+
+def _judge_on_their_jobs(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Each ok row's `max_n_succ_stages` as its job sees the stage (that job's device
+    memory), not as the job that measured it saw it: a row of a reused stage is judged anew."""
+    ok = [r for r in rows if r["status"] == ProfileStatus.ok.value and r["profile_id"]]
+    if not ok:
+        return
+    clusters = session.execute(
+        select(JobRow.id, JobRow.cluster).where(JobRow.id.in_({r["job_id"] for r in ok}))
+    )
+    memory = {j: ClusterSpec.model_validate(c).device_memory_bytes for j, c in clusters}
+    stored = session.execute(
+        select(_P.id, _P.result).where(_P.id.in_({r["profile_id"] for r in ok}))
+    )
+    results = {i: StageProfileResult.model_validate(result) for i, result in stored}
+    for r in ok:
+        result, available = results.get(r["profile_id"]), memory.get(r["job_id"])
+        if result is not None and available is not None:
+            r["max_n_succ_stages"] = result.for_device_memory(available).max_n_succ_stages
 
 
 def _valued_part(base: Select[Any], column: Any, sort: ProfileSort, after: PageCursor | None):

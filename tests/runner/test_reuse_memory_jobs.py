@@ -86,6 +86,33 @@ def test_a_stage_stored_by_a_bigger_device_is_judged_on_the_asking_job_s(
     assert need(stored(sessions, stage)) <= small
 
 
+def test_an_oom_found_on_smaller_devices_is_measured_again_for_bigger_ones(
+    sessions: sessionmaker[Session],
+) -> None:
+    spec = tiny_gpt(num_layers=1, **SIZES)
+    runner = JobRunner(sessions, RunnerConfig(num_workers=1, lease_seconds=20))
+
+    def run(memory: int):
+        job = queue_job(sessions, spec, FAST_OPTIONS, cluster=one_device(memory))
+        outcome = runner.run_next(job)
+        assert outcome is not None
+        return outcome
+
+    tiny = run(2**20)  # the least memory a job may ask: this stage does not fit
+    print(f"1 MiB: {tiny.status.value}: {tiny.error}")
+    assert tiny.status == JobStatus.failed and tiny.stats.progress.failed == 1
+    # a bigger device measures it again instead of reusing the oom, and plans it
+    big = run(BIG)
+    assert big.status == JobStatus.done and big.plan is not None, big.error
+    assert big.stats.measured == 1 and big.stats.reused == 0
+    (stage,) = big.plan.stages
+    assert stored(sessions, stage).ok  # the stored row is the bigger device's answer now
+    # a device as small as the first is answered by that measurement, not measured again
+    again = run(2**20)
+    assert again.status == JobStatus.failed and again.stats.measured == 0
+    assert "misses by" in (again.error or ""), again.error
+
+
 def gate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
     code = main(["gate", *argv])
     out = capsys.readouterr().out.strip().splitlines()

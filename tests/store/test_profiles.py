@@ -6,12 +6,20 @@ import threading
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from schemas import ClusterSpec, JobStatus, PlanOptions, ProfileStatus, StageKey
+from schemas import (
+    ClusterSpec,
+    JobStatus,
+    PlanOptions,
+    ProfileStatus,
+    StageKey,
+    StageProfileResult,
+)
 from store import (
     CandidateIn,
     JobCandidateRow,
     StageProfileRow,
     add_candidates,
+    answers,
     claim_job,
     create_job,
     finish_job,
@@ -91,6 +99,43 @@ def test_oom_is_reusable(session: Session) -> None:
     assert set(reusable_profiles(session, fingerprints=["f5"])) == {"f5"}
 
 
+GIB = 2**30
+MIB = 2**20
+
+
+def _oom_at(fingerprint: str, available: int) -> StageProfileResult:
+    return profile(fingerprint, ProfileStatus.oom).model_copy(
+        update={"available_memory": available}
+    )
+
+
+def test_oom_answers_only_jobs_with_no_more_memory_than_it_was_found_with(
+    session: Session,
+) -> None:
+    save_profile(session, result=_oom_at("f6", 2 * GIB))
+    for memory, reusable in ((GIB, True), (2 * GIB, True), (2 * GIB + 1, False), (64 * GIB, False)):
+        found = reusable_profiles(session, fingerprints=["f6"], device_memory=memory)
+        assert (set(found) == {"f6"}) is reusable, memory
+        assert answers(get_profile(session, fingerprint="f6"), memory) is reusable, memory
+    assert set(reusable_profiles(session, fingerprints=["f6"])) == {"f6"}  # no job: any
+
+
+def test_oom_is_replaced_by_a_measurement_on_bigger_devices_only(session: Session) -> None:
+    save_profile(session, result=_oom_at("f7", 2 * GIB))
+    row = save_profile(session, result=_oom_at("f7", GIB).model_copy(update={"error": "small"}))
+    assert row.status == "oom" and row.result["available_memory"] == 2 * GIB  # smaller: kept
+    row = save_profile(session, result=_oom_at("f7", 8 * GIB))
+    assert row.status == "oom" and row.result["available_memory"] == 8 * GIB
+    ok = profile("f7", cost=4.0).model_copy(update={"available_memory": 64 * GIB})
+    row = save_profile(session, result=ok)
+    assert row.status == "ok" and row.compute_cost == 4.0
+    row = save_profile(session, result=_oom_at("f7", 128 * GIB))  # an ok result stays
+    assert row.status == "ok"
+    timeout = profile("f8", ProfileStatus.timeout).model_copy(update={"available_memory": 9})
+    save_profile(session, result=_oom_at("f8", 1))
+    assert save_profile(session, result=timeout).status == "oom"  # never by a transient one
+
+
 def test_concurrent_saves_keep_one_row(committing: sessionmaker[Session]) -> None:
     barrier = threading.Barrier(4)
     ids: list[int] = []
@@ -160,6 +205,38 @@ def test_a_superset_profile_records_under_the_candidates_fingerprint(session: Se
     assert n == 1
     assert pending_fingerprints(session, job_id=job.id) == []
     assert job_results(session, job_id=job.id)[key.as_tuple()].fingerprint == "with-split"
+
+
+def test_profile_rows_judge_a_reused_stage_on_their_own_job_s_devices(session: Session) -> None:
+    """One stage measured by a job on 1 GiB devices, reused by one on 1 MiB devices: each
+    job's row says how many stages may follow it on that job's devices (Alpa's rule)."""
+    model, _ = put_model(session, spec=tiny_spec())
+    key = StageKey(start=0, end=0, submesh_id=0, config_id=0)
+    measured = profile("judged", key=key).model_copy(
+        update={"available_memory": GIB, "intermediate_size": 200_000, "max_n_succ_stages": 9}
+    )
+    row = save_profile(session, result=measured)
+    free = [m - measured.pipeline_peak_memory - measured.initial_var_size for m in (GIB, MIB)]
+    alpa = [f // measured.intermediate_size - 1 for f in free]  # Alpa's 1F1B rule
+    assert 0 <= alpa[1] < 9 < alpa[0]
+    jobs = {}
+    for memory, expected in zip((GIB, MIB), alpa, strict=True):
+        cluster = ClusterSpec(devices_per_host=2, device_memory_bytes=memory)
+        job = create_job(session, model_id=model.id, cluster=cluster, options=PlanOptions())
+        add_candidates(
+            session,
+            job_id=job.id,
+            model_id=model.id,
+            candidates=[CandidateIn(key, "judged", 2, "data")],
+        )
+        record_result(session, job_id=job.id, profile=row, reused=memory != GIB)
+        jobs[job.id] = expected
+    for job_id, expected in jobs.items():
+        page = profile_page(
+            session, filters=ProfileFilter(job_id=job_id), sort=ProfileSort("start")
+        )
+        assert [r["max_n_succ_stages"] for r in page.rows] == [expected]
+    assert profile_result(row).max_n_succ_stages == 9  # the stored measurement is as saved
 
 
 def test_pruned_stages_count_as_done_without_a_profile(session: Session) -> None:

@@ -39,16 +39,18 @@ def reuse_stored(ctx: JobContext) -> Reused:
     job_id, model_id, candidates = ctx.job_id, ctx.model_id, ctx.candidates
     size = ctx.micro_batch_size
     use_twins = ctx.reuse_stages and not ctx.options.measures_split_backward
+    memory = ctx.cluster.device_memory_bytes
 
     def reuse(s: Session) -> Reused:
         store.add_candidates(s, job_id=job_id, model_id=model_id, candidates=candidates.rows)
         pending = store.pending_fingerprints(s, job_id=job_id, micro_batch_size=size)
-        stored = store.reusable_profiles(s, fingerprints=pending)
+        stored = store.reusable_profiles(s, fingerprints=pending, device_memory=memory)
         for row in stored.values():
             store.record_result(s, job_id=job_id, profile=row, reused=True)
         if use_twins:
             twins = {candidates.split_twin(fp): fp for fp in pending if fp not in stored}
-            for twin, row in store.reusable_profiles(s, fingerprints=twins).items():
+            found = store.reusable_profiles(s, fingerprints=twins, device_memory=memory)
+            for twin, row in found.items():
                 stored[twins[twin]] = row
                 store.record_result(
                     s, job_id=job_id, profile=row, reused=True, fingerprint=twins[twin]

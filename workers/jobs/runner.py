@@ -282,6 +282,7 @@ class JobRunner:
         self, job_id: str, stats: JobStats, keeper: LeaseKeeper, ledger: StageLedger
     ) -> Plan:
         counts = load_checked(self.store, keeper, job_id, self.zoo)
+        ledger.device_memory = counts[0].cluster.device_memory_bytes
         phase, layout = self._phase(job_id, counts, stats, keeper)
         contexts = {
             job.options.num_microbatches: self._context(job_id, job, phase, layout, keeper, ledger)

@@ -40,6 +40,9 @@ class StageLedger:
         self.waiting: dict[str, datetime] = {}  # fingerprint -> when we started waiting
         self.unsaved: deque[StageProfileResult] = deque()
         self._ready: list[Settled] = []  # stored by others, recorded, not yet returned
+        # The job's device memory, once its cluster is read: a stored `oom` found on
+        # smaller devices does not answer it (`store.answers`).
+        self.device_memory: int | None = None
 
     # --- claims -----------------------------------------------------------------------
 
@@ -73,11 +76,13 @@ class StageLedger:
         ):
             return WAIT
         row = store.get_profile(s, fingerprint=fingerprint)
-        if row is None or (
-            # A transient failure is measured again, unless its claimant stored it while we
-            # waited: then it is that claimant's answer.
-            row.status in TRANSIENT_STATUSES and (since is None or row.created_at < since)
-        ):
+        if row is None:
+            return OURS
+        if row.status in TRANSIENT_STATUSES:
+            # measured again, unless its claimant stored it while we waited: its answer then
+            if since is None or row.created_at < since:
+                return OURS
+        elif not store.answers(row, self.device_memory):
             return OURS
         store.record_result(s, job_id=self.job_id, profile=row, reused=True)
         release_claims(s, owner=self.owner, fingerprints=[fingerprint])
