@@ -69,7 +69,8 @@ def _hash(*parts: Any) -> str:
 
 
 def _result_json(fp: str, status: str, start: int, end: int, devices: int, cost: float) -> dict:
-    """A stored result of realistic size (three modules with their var lists)."""
+    """A stored result of realistic size (three modules with their var lists), one that
+    reads back as a `StageProfileResult`."""
     names = [f"blocks/{i}/w{j}" for i in range(start, end + 1) for j in range(4)][:64]
     modules = []
     if status == "ok":
@@ -87,6 +88,7 @@ def _result_json(fp: str, status: str, start: int, end: int, devices: int, cost:
                     "donated_invars": [False] * len(names),
                     "compute_cost_samples_s": [cost * share] * 5,
                     "compile_seconds": 0.5 * (end - start + 1),
+                    "available_memory": 16 * 2**30,
                 }
             )
     return {
@@ -94,7 +96,9 @@ def _result_json(fp: str, status: str, start: int, end: int, devices: int, cost:
         "fingerprint": fp,
         "key": None,
         "submesh": {"hosts": 1, "devices_per_host": devices},
+        "config": {"logical_mesh": [devices, 1], "strategy": "data"},
         "num_layers": end - start + 1,
+        "available_memory": 16 * 2**30,
         "module_profile_results": modules,
         "error": None if status == "ok" else f"{status}: synthetic",
     }

@@ -67,6 +67,7 @@ def _profile_values(result: StageProfileResult) -> dict[str, Any]:
         "forward_cost": result.forward_cost if ok else None,
         "backward_cost": result.backward_cost if ok else None,
         "peak_memory": result.peak_memory,
+        "pipeline_peak_memory": result.pipeline_peak_memory,
         "initial_var_size": result.initial_var_size,
         "intermediate_size": result.intermediate_size,
         "max_n_succ_stages": result.max_n_succ_stages,

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, Select, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
-from schemas import ClusterSpec, ProfileStatus, StageProfileResult
+from schemas import ClusterSpec, ProfileStatus, max_n_succ_stages
 from store.tables import (
     ESTIMATED,
     PRUNED,
@@ -217,14 +217,16 @@ def _judge_on_their_jobs(session: Session, rows: list[dict[str, Any]]) -> None:
         select(JobRow.id, JobRow.cluster).where(JobRow.id.in_({r["job_id"] for r in ok}))
     )
     memory = {j: ClusterSpec.model_validate(c).device_memory_bytes for j, c in clusters}
-    stored = session.execute(
-        select(_P.id, _P.result).where(_P.id.in_({r["profile_id"] for r in ok}))
+    stmt = select(_P.id, _P.pipeline_peak_memory).where(
+        _P.id.in_({r["profile_id"] for r in ok}), _P.pipeline_peak_memory.is_not(None)
     )
-    results = {i: StageProfileResult.model_validate(result) for i, result in stored}
+    peaks: dict[int, int | None] = {i: peak for i, peak in session.execute(stmt)}
     for r in ok:
-        result, available = results.get(r["profile_id"]), memory.get(r["job_id"])
-        if result is not None and available is not None:
-            r["max_n_succ_stages"] = result.for_device_memory(available).max_n_succ_stages
+        peak, available = peaks.get(r["profile_id"]), memory.get(r["job_id"])
+        if peak is not None and available is not None:
+            r["max_n_succ_stages"] = max_n_succ_stages(
+                available, peak, r["initial_var_size"], r["intermediate_size"]
+            )
 
 
 def _valued_part(base: Select[Any], column: Any, sort: ProfileSort, after: PageCursor | None):

@@ -103,6 +103,8 @@ class StageProfileRow(Base):
     forward_cost: Mapped[float | None] = mapped_column(Float)
     backward_cost: Mapped[float | None] = mapped_column(Float)
     peak_memory: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The forward / backward peak that Alpa's memory rule weighs (0012; null: unknown).
+    pipeline_peak_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     initial_var_size: Mapped[int] = mapped_column(BigInteger, default=0)
     intermediate_size: Mapped[int] = mapped_column(BigInteger, default=0)
     max_n_succ_stages: Mapped[int] = mapped_column(Integer, default=-1)
