@@ -119,7 +119,9 @@ class ProfileRowOut(Out):
     peak_memory: int | None = Field(description="bytes per device")
     initial_var_size: int | None = Field(description="bytes per device")
     intermediate_size: int | None = Field(description="bytes per device per micro-batch")
-    max_n_succ_stages: int | None
+    max_n_succ_stages: int | None = Field(
+        description="Alpa's 1F1B memory rule on this row's job's devices (-1: does not fit)"
+    )
     submesh_hosts: int | None
     submesh_devices: int | None
     mesh_dp: int | None
