@@ -139,21 +139,31 @@ class StageEstimator:
     """Estimates stages from the layer profiles of a job (see the module doc).
 
     `results`: measured results by key (layer profiles and any longer stages); estimates use
-    the ok layer profiles and learn their correction from the ok longer stages."""
+    the ok layer profiles and learn their correction from the ok longer stages. `priors`:
+    layer profiles estimated elsewhere (at other micro-batch sizes, `planner.batch_profiles`),
+    used where no measurement of that key is in `results`; never measurements."""
 
     space: CandidateSpace
     available_memory: int
     # each layer's class: layers of one class (equal fingerprints) cost the same
     layer_classes: Sequence[int]
     results: dict[Key, StageProfileResult] = field(default_factory=dict)
+    priors: dict[Key, StageProfileResult] = field(default_factory=dict)
     _fits: dict[tuple[int, int, ModuleKind], NDArray[np.float64] | None] = field(
         default_factory=dict
     )
 
-    def add(self, key: Key, result: StageProfileResult) -> None:
-        self.results[key] = result
+    def add(self, key: Key, result: StageProfileResult, prior: bool = False) -> None:
+        """A measured result of `key` (`prior`: a layer profile estimated elsewhere)."""
+        (self.priors if prior else self.results)[key] = result
         for kind in TIMED:
             self._fits.pop((key[2], key[3], kind), None)
+
+    def profiles(self) -> dict[Key, StageProfileResult]:
+        """The layer profiles estimates are made from: measured, else a prior."""
+        out = {k: r for k, r in self.priors.items() if k not in self.results}
+        out.update((k, r) for k, r in self.results.items() if is_layer_profile(k))
+        return out
 
     def _fit(self, m: int, c: int, kind: ModuleKind) -> NDArray[np.float64] | None:
         """The time model of one module on submesh `m`, config `c`, fitted to its layer
@@ -162,8 +172,8 @@ class StageEstimator:
         if cached in self._fits:
             return self._fits[cached]
         rows = []
-        for key, result in self.results.items():
-            if key[2:] != (m, c) or not is_layer_profile(key) or not result.ok:
+        for key, result in self.profiles().items():
+            if key[2:] != (m, c) or not result.ok:
                 continue
             module = result.module(kind)
             if module is not None:
@@ -254,7 +264,7 @@ class StageEstimator:
         return total
 
     def _ok(self, key: Key) -> Quantities | None:
-        result = self.results.get(key)
+        result = self.results.get(key, self.priors.get(key))
         return Quantities.of(result) if result is not None and result.ok else None
 
     def corrections(self) -> dict[tuple[int, int] | None, tuple[float, float]]:

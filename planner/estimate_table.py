@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.estimate import StageEstimator, estimated_result, is_layer_profile
+from planner.estimate import StageEstimator, estimated_result
 from planner.table import CostTable, Key
 from schemas import (
     ModuleKind,
@@ -235,8 +235,8 @@ def _mesh_estimates(
     for name in fields:
         singles[name] = np.full(num_layers, np.nan)
         pairs[name] = np.full(max(0, num_layers - 1), np.nan)
-    for key, result in estimator.results.items():
-        if key[2:] != (m, c) or not is_layer_profile(key) or not result.ok:
+    for key, result in estimator.profiles().items():
+        if key[2:] != (m, c) or not result.ok:
             continue
         target = singles if key[0] == key[1] else pairs
         for name, kind in MODULES.items():

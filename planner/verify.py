@@ -72,6 +72,9 @@ class EstimateSearch:
     # stages the job decided not to measure (e.g. remat variants where memory is ample):
     # neither estimated nor planned with
     skipped: set[Key] = field(default_factory=set)
+    # |prior - measured| / measured of forward + backward of each layer profile measured
+    # after being estimated at other micro-batch sizes (`add_prior`)
+    prior_errors: dict[Key, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         classes: dict[str, int] = {}
@@ -85,7 +88,20 @@ class EstimateSearch:
     def add(self, keys: Iterable[Key], result: StageProfileResult) -> None:
         """A measured result for every candidate key that shares its fingerprint."""
         for key in keys:
+            prior = self.estimator.priors.get(key)
+            if prior is not None and result.ok:
+                error = relative_error(prior.compute_cost, result.compute_cost)
+                if math.isfinite(error):
+                    self.prior_errors[key] = error
             self.estimator.add(key, result)
+
+    def add_prior(self, keys: Iterable[Key], result: StageProfileResult) -> None:
+        """A layer profile estimated elsewhere (at other micro-batch sizes:
+        `planner.batch_profiles`) for every key of its fingerprint: planned with as an
+        estimate, measured where a plan that could be best rests on it."""
+        for key in keys:
+            if key not in self.measured:
+                self.estimator.add(key, result, prior=True)
 
     def errors(self) -> list[float]:
         """Relative errors of the stages measured after being estimated (ok ones)."""
@@ -101,11 +117,17 @@ class EstimateSearch:
     def band(self) -> float:
         """How far below its estimate an unmeasured stage may be: the upper quartile of the
         held-out errors of the measured longer stages (each estimated from all the others),
-        the prior until three are known, never under MIN_BAND."""
+        the prior until three are known, never under MIN_BAND; at least the upper quartile
+        of the `prior_errors` once three are known."""
         errors = self.estimator.held_out_errors()
         if len(errors) < 3:
-            return max(PRIOR_BAND, max(errors, default=0.0))
-        return max(MIN_BAND, float(np.quantile(errors, 0.75)))
+            band = max(PRIOR_BAND, max(errors, default=0.0))
+        else:
+            band = max(MIN_BAND, float(np.quantile(errors, 0.75)))
+        priors = list(self.prior_errors.values())
+        if len(priors) >= 3:  # layer profiles from other sizes, measured: their own error
+            band = max(band, float(np.quantile(priors, 0.75)))
+        return band
 
     def skip(self, keys: Iterable[Key]) -> None:
         """Stages the job will not measure: never estimated, so never asked for."""

@@ -9,12 +9,19 @@ stops a count whose optimistic best is slower than a plan of measured stages ano
 has; each step's stages of every count go to the pool together (tasks name their count's
 spec: `GroupPool.add_model`). The plan is the fastest count's (`choose_count`), every
 count's best beside it.
+
+A layer profile is measured only at the smallest and the largest micro-batch size that has
+its submesh and config; at the sizes between, it is interpolated from the nearest measured
+sizes (`planner.batch_profiles`) and given to that count's search as an estimate
+(`EstimateSearch.add_prior`): measured only when a plan that could be best rests on it.
 """
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from planner.batch_profiles import Ident, ident_index, inside, interpolated_profile, stage_ident
 from planner.errors import NoFeasiblePlan
+from planner.estimate import is_layer_profile
 from planner.microbatches import CountPlan, MicrobatchSearch, choose_count
 from schemas import Plan, StageKey, StageProfileResult
 from workers.jobs.estimate_loop import EstimateLoop
@@ -70,13 +77,18 @@ class CountsLoop:
         return [x.ctx.micro_batch_size for x in self.loops.values()]
 
     def run(self, reused: Mapping[int, Reused]) -> None:
-        """Every count's steps before the rounds, step by step together; then the rounds
-        of `MicrobatchSearch` until no count asks for more; then each count's estimates."""
+        """Every count's steps before the rounds, step by step together (of the layer
+        profiles, those between two sizes interpolated: `_between`); then the rounds of
+        `MicrobatchSearch` until no count asks for more; then each count's estimates."""
         keeper = self.ctx.keeper
         steps: list[Iterator[list[str]]] = [
             loop.prepare(dict(reused[b].known), reused[b].to_measure)
             for b, loop in self.loops.items()
         ]
+        profiles = {b: next(step) for b, step in zip(self.loops, steps, strict=True)}
+        between = self._between(profiles)
+        self._measure([fp for b, fps in profiles.items() for fp in fps if fp not in between[b]])
+        self._measure(self._interpolate(between))
         while steps:
             wanted: list[str] = []
             alive = []
@@ -108,6 +120,68 @@ class CountsLoop:
             logger.info("job %s: %d micro-batches stopped early: %s", self.ctx.job_id, b, why)
         for loop in self.loops.values():
             loop.finish()
+
+    def _between(self, profiles: Mapping[int, list[str]]) -> dict[int, set[str]]:
+        """The layer profiles of each count (`profiles`: its first step) at a size strictly
+        between two sizes that have the stage (`planner.batch_profiles.inside`): those are
+        interpolated, not measured."""
+        holders: dict[Ident, set[int]] = {}
+        for loop in self.loops.values():
+            for ident in ident_index(loop.space):
+                holders.setdefault(ident, set()).add(loop.ctx.micro_batch_size)
+        out: dict[int, set[str]] = {}
+        for b, fps in profiles.items():
+            loop = self.loops[b]
+            size = loop.ctx.micro_batch_size
+            out[b] = {
+                fp
+                for fp in fps
+                if fp not in loop.asked
+                and all(
+                    inside(size, holders[stage_ident(loop.space, k.as_tuple())])
+                    for k in self.keys_by_fp[fp]
+                )
+            }
+        return out
+
+    def _interpolate(self, between: Mapping[int, set[str]]) -> list[str]:
+        """Give each count's search its interpolated layer profiles (`between`) as estimates;
+        the stages that cannot be (a measurement at an end failed), to measure."""
+        measured: dict[int, dict[Ident, StageProfileResult]] = {}
+        for loop in self.loops.values():
+            at_size = measured.setdefault(loop.ctx.micro_batch_size, {})
+            for key, result in loop.search.measured.items():
+                if is_layer_profile(key):
+                    at_size[stage_ident(loop.space, key)] = result
+        missing: list[str] = []
+        for b, fps in between.items():
+            loop = self.loops[b]
+            size = loop.ctx.micro_batch_size
+            given = 0
+            for fp in sorted(fps):
+                keys = [k.as_tuple() for k in self.keys_by_fp[fp]]
+                made = [
+                    interpolated_profile(stage_ident(loop.space, k), size, measured, fp)
+                    for k in keys
+                ]
+                if any(r is None for r in made):
+                    missing.append(fp)
+                    continue
+                for key, prior in zip(keys, made, strict=True):
+                    assert prior is not None
+                    loop.search.add_prior([key], prior)
+                loop.defer([fp])
+                given += 1
+            if fps:
+                logger.info(
+                    "job %s: %d micro-batches: %d layer profiles interpolated from other "
+                    "sizes, %d measured",
+                    self.ctx.job_id,
+                    b,
+                    given,
+                    len(fps) - given,
+                )
+        return missing
 
     def plans(self) -> dict[int, CountPlan]:
         """Each count's plan (`EstimateLoop.plan`), or why it has none."""

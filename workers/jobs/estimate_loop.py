@@ -47,6 +47,7 @@ class EstimateLoop:
         self.fp_of: dict[Key, str] = ctx.candidates.fp_of
         self.keys_by_fp = ctx.keys_by_fp
         self.pending: set[str] = set()  # stages not measured (nor asked for) yet
+        self.asked: set[str] = set()  # stages measured up front whatever they estimate
 
     @property
     def job_id(self) -> str:
@@ -106,6 +107,7 @@ class EstimateLoop:
         self.pending = set(to_measure)
         by_user = self._with_keys(to_measure, {k.as_tuple() for k in self.options.measure_stages})
         asked = by_user | self._with_keys(to_measure, set(self.ctx.direct))
+        self.asked = asked
         profiles = [fp for fp in to_measure if self._is_profile(fp) or fp in asked]
         plain = [fp for fp in profiles if not self._all_remat(fp)]
         self.say("layer profiles")
@@ -150,6 +152,11 @@ class EstimateLoop:
         """The search is over: store the estimates and the stages never measured."""
         logger.info("job %s: estimate search: %s", self.job_id, self.search.stopped)
         self._store_estimates(sorted(self.pending))
+
+    def defer(self, fps: Iterable[str]) -> None:
+        """Stages a step asked for that are estimated instead (their layer profiles from
+        other micro-batch sizes): not measured now, so a round may still ask for them."""
+        self.pending.update(fps)
 
     def _take(self, fps: Sequence[str]) -> list[str]:
         """The stages of `fps` not measured nor asked for yet, now asked for."""
