@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from client.symbolic_batch import build_zoo_symbolic
 from programs import spec_at_batch
 from schemas import ClusterSpec, JobStatus, ModelSpec, Plan
-from store import JobCandidateRow, get_job, session_scope
+from store import JobCandidateRow, StageProfileRow, get_job, session_scope
 from tests.support.jobs import queue_job
 from tests.support.models import FAST_OPTIONS, TINY_GPT
 from workers.cluster import GroupPool
@@ -99,3 +99,72 @@ def test_one_job_searches_every_count_on_one_pool(
     assert [(st.start, st.end) for st in plan.stages] == [
         (st.start, st.end) for st in fixed[fastest].stages
     ]
+
+
+def _layer_profiles(sessions: sessionmaker[Session], job_id: str) -> dict[int, tuple[int, int]]:
+    """Per micro-batch size: (layer-profile stages measured, layer-profile stages), distinct
+    fingerprints of one or two layers."""
+    with session_scope(sessions) as s:
+        rows = s.execute(
+            select(
+                JobCandidateRow.micro_batch_size,
+                JobCandidateRow.fingerprint,
+                JobCandidateRow.profile_id,
+            ).where(
+                JobCandidateRow.job_id == job_id, JobCandidateRow.end - JobCandidateRow.start <= 1
+            )
+        ).all()
+    out: dict[int, tuple[set[str], set[str]]] = {}
+    for size, fp, profile in rows:
+        measured, every = out.setdefault(int(size), (set(), set()))
+        every.add(fp)
+        if profile is not None:
+            measured.add(fp)
+    return {size: (len(m), len(e)) for size, (m, e) in out.items()}
+
+
+def test_a_count_between_two_sizes_starts_from_interpolated_layer_profiles(
+    sessions: sessionmaker[Session], symbolic: ModelSpec
+) -> None:
+    """Counts 2, 4, 8 (micro-batches of 4, 2, 1): the layer profiles of micro-batch 2 on the
+    one-device submesh (a config every size has) are interpolated from 1 and 4, not
+    measured (before: every count measured all of its own); none is stored as a
+    measurement; the plan is made of measured stages."""
+    counts = [2, 4, 8]
+    options = SEARCH.model_copy(update={"microbatch_search": counts})
+    runner = JobRunner(sessions, RunnerConfig(num_workers=2, lease_seconds=20))
+    job_id = queue_job(sessions, symbolic, options, CLUSTER)
+    outcome = runner.run_next()
+    assert outcome is not None and outcome.job_id == job_id
+    assert outcome.status == JobStatus.done and outcome.plan is not None, outcome.error
+    plan = outcome.plan
+    assert plan.stages and all(st.measured for st in [*plan.stages, *plan.outside])
+    profiles = _layer_profiles(sessions, job_id)
+    assert set(profiles) == {4, 2, 1}
+    for size in (4, 1):  # the ends: every layer profile measured
+        assert profiles[size][0] == profiles[size][1] > 0, profiles
+    assert profiles[2][0] < profiles[2][1], profiles  # between: fewer measured
+    with session_scope(sessions) as s:  # what was not measured has no measurement stored
+        unmeasured = s.scalars(
+            select(JobCandidateRow.fingerprint).where(
+                JobCandidateRow.job_id == job_id, JobCandidateRow.profile_id.is_(None)
+            )
+        ).all()
+        assert unmeasured
+        stored = s.scalars(
+            select(func.count())
+            .select_from(StageProfileRow)
+            .where(StageProfileRow.fingerprint.in_(unmeasured))
+        ).one()
+        assert stored == 0
+        statuses = set(
+            s.scalars(
+                select(JobCandidateRow.status).where(
+                    JobCandidateRow.job_id == job_id,
+                    JobCandidateRow.micro_batch_size == 2,
+                    JobCandidateRow.end - JobCandidateRow.start <= 1,
+                    JobCandidateRow.profile_id.is_(None),
+                )
+            ).all()
+        )
+        assert statuses <= {"estimated", "pruned"} and "estimated" in statuses
