@@ -140,8 +140,7 @@ class StageEstimator:
 
     `results`: measured results by key (layer profiles and any longer stages); estimates use
     the ok layer profiles and learn their correction from the ok longer stages. `priors`:
-    layer profiles estimated elsewhere (at other micro-batch sizes, `planner.batch_profiles`),
-    used where no measurement of that key is in `results`; never measurements."""
+    layer profiles from other micro-batch sizes (`planner.batch_profiles`), not measured."""
 
     space: CandidateSpace
     available_memory: int
@@ -154,7 +153,6 @@ class StageEstimator:
     )
 
     def add(self, key: Key, result: StageProfileResult, prior: bool = False) -> None:
-        """A measured result of `key` (`prior`: a layer profile estimated elsewhere)."""
         (self.priors if prior else self.results)[key] = result
         for kind in TIMED:
             self._fits.pop((key[2], key[3], kind), None)
