@@ -16,9 +16,10 @@ the bigger space. Runs, on one local Ray with the same actors, each on a fresh S
   candidate times the 16-block candidate count is printed as an extrapolation, marked so.
 
 `--micro-batches` takes what `stageprof plan` takes (8, auto, 4,8,16,32): a search of counts
-is passed to every job as `microbatch_search` at `--global-batch` (default: 8 micro-batches of
-the traced size) on the symbolic-batch GPT; a runner that plans one count per job refuses it
-(the job's error is printed).
+is passed to the mesh-axes jobs as `microbatch_search` at `--global-batch` (default: 8
+micro-batches of the traced size) on the symbolic-batch GPT, while the default side plans the
+one count that batch gives at the traced size (today's default; `--search-default-counts`
+searches there too).
 
 Usage: python bench/mesh_axes_time_to_plan.py [--layers 16] [--small-layers 4]
        [--mesh-axes data,fsdp,tensor] [--micro-batches 8] [--skip-exhaustive] [--quick]
@@ -57,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per module")
     parser.add_argument("--skip-exhaustive", action="store_true", help="the two big runs only")
     parser.add_argument("--quick", action="store_true", help="tiny widths (smoke tests)")
+    parser.add_argument(
+        "--search-default-counts",
+        action="store_true",
+        help="with a search of counts, search them on the default side too (else it plans "
+        "the one count global batch / traced micro-batch, as today's default does)",
+    )
     parser.add_argument("--work-dir", help="where the SQLite files go (default: a temp dir)")
     parser.add_argument("--verbose", action="store_true", help="runner logs on stderr")
     return parser.parse_args(argv)
@@ -93,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     cluster = ClusterSpec(num_hosts=1, devices_per_host=4)
     common_fields = BASE | count_options(args, big.micro_batch_size)
     common_fields |= dict(repeats=repeats, warmup=args.warmup, candidate_timeout_s=600)
-    default = PlanOptions(**common_fields, config_space="data_parallel_only", strategies=["data"])
+    default_fields = dict(common_fields)
+    if searched and not args.search_default_counts:  # today's default: one fixed count
+        batch = default_fields.pop("global_batch_size")
+        default_fields.pop("microbatch_search")
+        default_fields["num_microbatches"] = batch // big.micro_batch_size
+    default = PlanOptions(**default_fields, config_space="data_parallel_only", strategies=["data"])
     mesh = PlanOptions(
         **common_fields,
         strategies=[s for s in args.strategies.split(",") if s],
