@@ -4,6 +4,7 @@ import logging
 from collections.abc import Sequence
 
 from schemas import PlanOptions, ShardingConfig, StrategyName, SubmeshShape
+from schemas.cluster import redundant_strategy
 from schemas.sharding import MeshFacts, ShardingStrategy, fill_mesh_axes, mesh_points, resolve_rules
 
 logger = logging.getLogger(__name__)
@@ -122,21 +123,29 @@ def config_choices(
     """The sharding configs measured on a submesh; their list index is the `config_id`.
 
     Per logical mesh (see `logical_meshes`), the strategies in the given order, skipping the
-    redundant ones: "megatron" only when tp > 1, "fsdp" only when dp > 1. "data" carries
-    Alpa's option `{"force_batch_dim_to_mesh_dim": 0}`.
+    redundant ones: "megatron" only when tp > 1, "fsdp" only when dp > 1, "data" only when
+    tp == 1 (on a tensor axis it splits nothing: every device of the axis runs the same
+    program). Where that leaves the submesh nothing, "data" stays on its largest-dp mesh, so
+    a plan can still use the submesh. "data" carries Alpa's option
+    `{"force_batch_dim_to_mesh_dim": 0}`.
     """
     if len(set(strategies)) != len(strategies):
         raise ValueError(f"strategies must be unique, got {list(strategies)}")
-    configs = []
-    for dp, tp in logical_meshes(submesh, micro_batch_size, space):
-        for name in strategies:
-            if name == "megatron" and tp == 1:
-                continue
-            if name == "fsdp" and dp == 1:
-                continue
-            options = {"force_batch_dim_to_mesh_dim": 0} if name == "data" else {}
-            configs.append(ShardingConfig(logical_mesh=(dp, tp), strategy=name, options=options))
+    meshes = logical_meshes(submesh, micro_batch_size, space)
+    configs = [
+        _config(dp, tp, name)
+        for dp, tp in meshes
+        for name in strategies
+        if not redundant_strategy(name, dp, tp)
+    ]
+    if not configs and meshes and "data" in strategies:
+        configs = [_config(*meshes[0], "data")]
     return configs
+
+
+def _config(dp: int, tp: int, name: StrategyName) -> ShardingConfig:
+    options = {"force_batch_dim_to_mesh_dim": 0} if name == "data" else {}
+    return ShardingConfig(logical_mesh=(dp, tp), strategy=name, options=options)
 
 
 def _space_allows(tensor: int, per_host: int, space: str) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from schemas.cluster import ClusterSpec, StrategyName
+from schemas.cluster import ClusterSpec, StrategyName, redundant_strategy
 from schemas.plan import PlanOptions
 from schemas.sharding import MeshFacts, mesh_points
 
@@ -76,20 +76,21 @@ def config_count(
 ) -> int:
     """Sharding configs of one submesh (`planner.choices.config_choices`, counted):
     per logical mesh `(dp, tp)` with dp dividing both the device count and the micro-batch,
-    "data" always, "megatron" when tp > 1, "fsdp" when dp > 1."""
+    "data" when tp == 1, "megatron" when tp > 1, "fsdp" when dp > 1; "data" on the
+    largest-dp mesh when that leaves none."""
     n = hosts * devices_per_host
     count = 0
+    any_mesh = False
     for dp in _divisors(math.gcd(n, max(micro_batch_size, 1))):
         tp = n // dp
         if space == "single_node_model_parallel" and tp > devices_per_host:
             continue
         if space == "data_parallel_only" and tp != 1:
             continue
-        count += sum(
-            1
-            for name in strategies
-            if not (name == "megatron" and tp == 1) and not (name == "fsdp" and dp == 1)
-        )
+        count += sum(not redundant_strategy(name, dp, tp) for name in strategies)
+        any_mesh = True
+    if count == 0 and any_mesh and "data" in strategies:
+        return 1  # "data" kept on the largest-dp mesh, so the submesh has a config
     return count
 
 

@@ -24,6 +24,18 @@ REMAT_CHOICES = ("as_written", *REMAT_VARIANTS)
 
 StrategyName = Literal["data", "megatron", "fsdp"]
 
+
+def redundant_strategy(name: StrategyName, dp: int, tp: int) -> bool:
+    """Whether strategy `name` on the logical mesh `(dp, tp)` repeats another config's
+    work: "megatron" without a tensor axis is "data", "fsdp" without a data axis splits
+    nothing more than "megatron", and "data" on a tensor axis replicates the work on it."""
+    return (
+        (name == "megatron" and tp == 1)
+        or (name == "fsdp" and dp == 1)
+        or (name == "data" and tp > 1)
+    )
+
+
 DTYPE_BYTES: dict[str, int] = {
     "float64": 8,
     "float32": 4,

@@ -79,7 +79,7 @@ def test_plan_output_names_the_schedule_and_shows_the_others(schedule: str) -> N
     from tests.planner.helpers import programless_chain_spec as planner_spec
     from tests.planner.test_schedule_search import _plan
 
-    plan = _plan(3, schedule=schedule)
+    plan = _plan(3, schedule=schedule, missing=0.0)
     out = io.StringIO()
     print_plan(Console(file=out, width=200, color_system=None), planner_spec(4), plan, STATS)
     text = out.getvalue()

@@ -225,20 +225,20 @@ def test_one_measured_whole_cluster_stage_corrects_the_scaling_of_the_others(
     """Several configs on every device: once one is measured far from perfect scaling, the
     others' estimates carry that shortfall and are not measured one round each."""
 
-    def two_strategies(schedule: str = "1f1b") -> PlanOptions:
+    def three_strategies(schedule: str = "1f1b") -> PlanOptions:
         return PlanOptions(
             num_microbatches=8,
-            strategies=["data", "megatron"],
+            strategies=["data", "megatron", "fsdp"],
             schedule=schedule,  # type: ignore[arg-type]
             remat="as_written",
         )
 
-    monkeypatch.setattr(sys.modules[__name__], "_options", two_strategies)
+    monkeypatch.setattr(sys.modules[__name__], "_options", three_strategies)
     short = ["embed"] + ["block"] * 4 + ["head"]
     search, truth, _ = _run("1f1b", classes=short, scaling=0.0)  # no gain from more devices
     assert len(search.scaled) == 5
     measured = [k for k in search.scaled if k in search.measured]
     assert 1 <= len(measured) <= 2
     plan = search.plan()
-    reference = build_plan(_spec(short), CLUSTER, two_strategies(), search.space, truth)
+    reference = build_plan(_spec(short), CLUSTER, three_strategies(), search.space, truth)
     assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)

@@ -77,7 +77,6 @@ def test_config_ranks_follow_what_the_configs_are() -> None:
         )
     assert named[0] == named[1]
     assert [label for _, label in named[0][1]] == [
-        "1x2/data",
         "1x2/megatron",
         "2x1/data",
         "2x1/fsdp",

@@ -21,11 +21,14 @@ from tests.planner.helpers import programless_chain_spec as chain_spec
 MICRO = 4
 
 
-def random_results(space, rng: random.Random, tight: bool, split: bool = True):
-    """A random measured table; `tight`: memory that binds (some stages fit few micro-batches)."""
+def random_results(
+    space, rng: random.Random, tight: bool, split: bool = True, missing: float = 0.15
+):
+    """A random measured table; `tight`: memory that binds (some stages fit few micro-batches);
+    `missing`: the share of candidates left unmeasured."""
     out = {}
     for key in space.keys:
-        if rng.random() < 0.15:
+        if rng.random() < missing:
             continue  # not measured
         submesh, config = space.resolve(key)
         n = key.end - key.start + 1
@@ -136,12 +139,14 @@ def test_the_sum_max_dp_equals_a_brute_force_on_random_tables() -> None:
         assert sum(int(sizes[s[2]]) for s in plan) == devices
 
 
-def _plan(seed: int, schedule: str = "auto", split: bool = True, micro: int = 4) -> Plan:
+def _plan(
+    seed: int, schedule: str = "auto", split: bool = True, micro: int = 4, missing: float = 0.15
+) -> Plan:
     rng = random.Random(seed)
     spec, clu = chain_spec(4), cluster(1, 4, SMALL_DEVICE)
     options = PlanOptions(num_microbatches=micro, strategies=["data"], schedule=schedule)
     space = enumerate_candidates(spec, clu, options)
-    results = random_results(space, rng, tight=False, split=split)
+    results = random_results(space, rng, tight=False, split=split, missing=missing)
     return build_plan(spec, clu, options, space, results)
 
 
@@ -197,7 +202,8 @@ def test_virtual_stages_asked_for_are_the_ones_planned() -> None:
     spec, clu = chain_spec(4), cluster(1, 4, SMALL_DEVICE)
     options = PlanOptions(strategies=["data"], schedule="interleaved", virtual_stages=2)
     space = enumerate_candidates(spec, clu, options)
-    plan = build_plan(spec, clu, options, space, random_results(space, rng, tight=False))
+    table = random_results(space, rng, tight=False, missing=0.0)
+    plan = build_plan(spec, clu, options, space, table)
     assert plan.virtual_stages == 2 and len(plan.stages) == 2 * plan.num_device_groups
     assert [s.device_group for s in plan.stages] == [k % plan.num_device_groups for k in range(4)]
 
