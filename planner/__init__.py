@@ -15,7 +15,7 @@ from planner.estimate import (
     is_layer_profile,
     is_profiled,
     layer_profile_keys,
-    whole_model_stages,
+    with_layer_profiles,
 )
 from planner.outside import with_layers_outside
 from planner.plan import build_plan, manual_stage_option
@@ -63,6 +63,6 @@ __all__ = [
     "submesh_choices",
     "training_dp",
     "transfer_seconds",
-    "whole_model_stages",
+    "with_layer_profiles",
     "with_layers_outside",
 ]

@@ -34,6 +34,7 @@ from schemas import (
     ModuleProfileResult,
     ProfileStatus,
     ShardingConfig,
+    StageKey,
     StageProfileResult,
     SubmeshShape,
     max_n_succ_stages,
@@ -71,17 +72,26 @@ def layer_profile_keys(
     return [k.as_tuple() for k in space.keys if is_profiled(k.as_tuple(), layer_classes)]
 
 
-def whole_model_stages(space: CandidateSpace, num_layers: int) -> tuple[list[Key], list[Key]]:
-    """The stages estimated by scaling instead of from layer profiles, and the stages to
-    measure directly (a cluster of one submesh: its whole-model stages are the only plans).
+def with_layer_profiles(
+    space: CandidateSpace, layer_fingerprints: Sequence[str]
+) -> tuple[CandidateSpace, list[Key], list[Key]]:
+    """The space with the layer profiles its estimates need, the stages estimated by
+    scaling instead, and the stages to measure directly (a cluster of one submesh: its
+    whole-model stages are the only plans).
 
     A submesh using every device holds only the whole model (Alpa's rule), so it has no
-    layer profiles of its own, and none are added for it: only the one-stage plan would
-    read them, at one set per config. Its whole-model stages are estimated by perfect
+    layer profiles of its own. Where measuring its distinct layers and adjacent pairs
+    compiles fewer layers than the whole model, they are added (no plan uses them but the
+    one-stage plan's estimate). Otherwise its whole-model stages are estimated by perfect
     scaling from a smaller submesh (`scaled_estimate`), an optimistic bound: they are
-    measured when a plan that could be best holds one, and one measured shortfall from
-    perfect scaling carries to the others (`scaling_shortfall`)."""
-    have = {k.as_tuple() for k in space.keys}
+    measured when a plan that could be best holds one."""
+    num_layers = len(layer_fingerprints)
+    singles = len(set(layer_fingerprints))
+    pairs = len(
+        {(a, b) for a, b in zip(layer_fingerprints, layer_fingerprints[1:], strict=False) if a != b}
+    )
+    keys = list(space.keys)
+    have = {k.as_tuple() for k in keys}
     scaled: list[Key] = []
     direct: list[Key] = []
     for m in range(len(space.submeshes)):
@@ -91,9 +101,17 @@ def whole_model_stages(space: CandidateSpace, num_layers: int) -> tuple[list[Key
         whole = sorted(k for k in own if (k[0], k[1]) == (0, num_layers - 1))
         if len(space.submeshes) == 1:
             direct += whole
-        else:
+            continue
+        if singles + 2 * pairs >= num_layers:
             scaled += whole
-    return scaled, direct
+            continue
+        for c in range(len(space.configs[m])):
+            for a in range(num_layers):
+                for b in (a, a + 1):
+                    key = (a, b, m, c)
+                    if b < num_layers and key not in have and is_profiled(key, layer_fingerprints):
+                        keys.append(StageKey(start=a, end=b, submesh_id=m, config_id=c))
+    return CandidateSpace(space.submeshes, space.configs, keys), scaled, direct
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def estimated_table(
 ) -> EstimatedTable:
     """`measured` (built from the measured results) with every unmeasured candidate that
     can be estimated filled in; `scaled` (whole-model stages on every device, see
-    `planner.whole_model_stages`) at the perfect-scaling bound of the fastest estimate of
+    `planner.with_layer_profiles`) at the perfect-scaling bound of the fastest estimate of
     the whole model on a smaller submesh (its times and memory times d / D for d of its
     devices and D of every device), the times then multiplied by the smallest shortfall from
     perfect scaling the measured ones showed (`scaling_shortfall`)."""

@@ -58,7 +58,7 @@ class EstimateSearch:
     cluster: ClusterSpec
     options: PlanOptions
     space: CandidateSpace
-    # stages on every device estimated by scaling: the whole model (planner.whole_model_stages)
+    # stages on every device estimated by scaling: the whole model (planner.with_layer_profiles)
     # and the layers outside the pipeline (planner.outside)
     scaled: frozenset[Key] = frozenset()
     estimator: StageEstimator = field(init=False)

@@ -17,7 +17,7 @@ from planner.batch_profiles import (
     interpolated_profile,
     stage_ident,
 )
-from planner.estimate import is_profiled, whole_model_stages
+from planner.estimate import is_profiled, with_layer_profiles
 from planner.microbatches import MicrobatchSearch
 from schemas import ModuleKind, ProfileStatus, StageProfileResult
 from tests.planner import test_microbatches
@@ -85,8 +85,8 @@ def _count_space(count: int):
     size = GLOBAL // count
     spec = chain(len(CLASSES), size, CLASSES)
     fixed = options([2, 4, 8, 16], config_space="data_parallel_only").at_count(count, size)
-    space = enumerate_candidates(spec, device_cluster(), fixed)
-    scaled, _ = whole_model_stages(space, len(CLASSES))
+    base = enumerate_candidates(spec, device_cluster(), fixed)
+    space, scaled, _ = with_layer_profiles(base, CLASSES)
     return spec, fixed, space, scaled
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from planner import EstimateSearch, build_plan, enumerate_candidates, whole_model_stages
+from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
 from planner.estimate import StageEstimator, is_layer_profile, is_profiled
 from planner.table import Key
 from planner.time_model import fit, predict
@@ -72,8 +72,9 @@ def _run(
     scaling: float = 0.5,
 ) -> tuple[EstimateSearch, dict[Key, StageProfileResult], list[list[Key]]]:
     spec, options = _spec(classes), _options(schedule)
-    space = enumerate_candidates(spec, CLUSTER, options)
-    scaled, _ = whole_model_stages(space, spec.num_layers)
+    space, scaled, _ = with_layer_profiles(
+        enumerate_candidates(spec, CLUSTER, options), [x.fingerprint for x in spec.layers]
+    )
     devices = [m.num_devices for m in space.submeshes]
     truth = {
         k.as_tuple(): _truth(k.as_tuple(), devices[k.submesh_id], slower or {}, classes, scaling)
@@ -143,17 +144,23 @@ def test_time_model_is_exact_on_its_own_law() -> None:
     assert math.isnan(predict(fit(rows[:1], classes, 3), classes, 0, 4))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("blocks", [4, 16])
-def test_the_whole_cluster_gets_no_layer_profiles_its_whole_model_is_scaled(blocks: int) -> None:
-    """Short or long, the whole model on every device is ranked at its scaling bound: only
-    the one-stage plan would read layer profiles there, one set per config."""
-    classes = ["embed"] + ["block"] * blocks + ["head"]
-    space = enumerate_candidates(_spec(classes), CLUSTER, _options())
+def test_layer_profiles_are_added_on_the_whole_cluster_only_where_cheaper() -> None:
+    short = ["embed"] + ["block"] * 4 + ["head"]
+    space = enumerate_candidates(_spec(short), CLUSTER, _options())
     whole = [m for m, s in enumerate(space.submeshes) if s.num_devices == 4]
-    scaled, direct = whole_model_stages(space, len(classes))
-    assert scaled == [(0, blocks + 1, whole[0], c) for c in range(len(space.configs[whole[0]]))]
+    more, scaled, direct = with_layer_profiles(space, short)
+    # 3 distinct layers and 2 distinct pairs of differing layers compile 7 layers, over 6
+    assert scaled == [(0, 5, whole[0], 0)] and len(more.keys) == len(space.keys)
     assert not direct
-    assert not [k for k in space.keys if k.submesh_id in whole and is_layer_profile(k.as_tuple())]
+    long = ["embed"] + ["block"] * 16 + ["head"]
+    space = enumerate_candidates(_spec(long), CLUSTER, _options())
+    more, scaled, _ = with_layer_profiles(space, long)
+    added = {k.as_tuple() for k in more.keys} - {k.as_tuple() for k in space.keys}
+    assert not scaled and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
+    # every single and the two pairs of differing layers (embed-block, block-head)
+    assert sorted((k[0], k[1]) for k in added) == sorted(
+        [(i, i) for i in range(18)] + [(0, 1), (16, 17)]
+    )
 
 
 def test_estimates_add_sizes_exactly() -> None:
@@ -208,8 +215,8 @@ def test_one_device_measures_its_one_plan_directly() -> None:
     short = ["embed"] + ["block"] * 4 + ["head"]
     one = ClusterSpec(num_hosts=1, devices_per_host=1)
     space = enumerate_candidates(_spec(short), one, _options())
-    scaled, direct = whole_model_stages(space, len(short))
-    assert direct == [(0, 5, 0, 0)] and not scaled
+    more, scaled, direct = with_layer_profiles(space, short)
+    assert direct == [(0, 5, 0, 0)] and not scaled and len(more.keys) == len(space.keys)
 
 
 def test_one_measured_whole_cluster_stage_corrects_the_scaling_of_the_others(

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from planner import CandidateSpace, EstimateSearch, enumerate_candidates, whole_model_stages
+from planner import CandidateSpace, EstimateSearch, enumerate_candidates, with_layer_profiles
 from planner.estimate import is_profiled
 from planner.table import Key
 from schemas import ClusterSpec, PlanOptions
@@ -37,7 +37,7 @@ def test_skipped_stages_are_never_asked_for(seed: int) -> None:
     cluster = ClusterSpec(num_hosts=1, devices_per_host=2)
     options = PlanOptions(config_space="data_parallel_only", strategies=["data"])
     space = _with_variant(enumerate_candidates(spec, cluster, options))
-    scaled, _ = whole_model_stages(space, len(CLASSES))
+    space, scaled, _ = with_layer_profiles(space, CLASSES)
     assert any(space.is_remat(k) for k in scaled)  # the variant's whole model is scaled
     rnd = random.Random(seed)
     noise: dict[tuple[tuple[str, ...], int, int], float] = {}

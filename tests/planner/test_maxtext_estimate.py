@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from planner import EstimateSearch, enumerate_candidates, simulate, whole_model_stages
+from planner import EstimateSearch, enumerate_candidates, simulate, with_layer_profiles
 from planner.estimate import is_profiled
 from planner.table import Key
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
@@ -116,8 +116,7 @@ def test_maxtext_by_estimates_equals_the_brute_force(
     spec, cluster = _spec(blocks), ClusterSpec(num_hosts=1, devices_per_host=4)
     options = _options(micro, schedule)
     fps = [x.fingerprint for x in spec.layers]
-    space = enumerate_candidates(spec, cluster, options)
-    scaled, _ = whole_model_stages(space, spec.num_layers)
+    space, scaled, _ = with_layer_profiles(enumerate_candidates(spec, cluster, options), fps)
     truth = {}
     for k in space.keys:
         submesh, config = space.resolve(k)

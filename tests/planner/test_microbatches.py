@@ -11,7 +11,7 @@ import random
 import pytest
 
 from planner import EstimateSearch, NoFeasiblePlan, build_plan, enumerate_candidates
-from planner.estimate import is_profiled, whole_model_stages
+from planner.estimate import is_profiled, with_layer_profiles
 from planner.microbatches import MicrobatchSearch, choose_count
 from planner.stages import simulate_stages
 from planner.table import build_cost_table
@@ -187,8 +187,8 @@ def test_the_estimate_search_over_counts_gives_the_optimum_of_the_full_tables() 
         size = GLOBAL // count
         spec = chain(len(CLASSES), size, CLASSES)
         fixed = opts.at_count(count, size)
-        space = enumerate_candidates(spec, device_cluster(), fixed)
-        scaled, _ = whole_model_stages(space, len(CLASSES))
+        base = enumerate_candidates(spec, device_cluster(), fixed)
+        space, scaled, _ = with_layer_profiles(base, CLASSES)
         results = truth(space, weights, size)
         search = EstimateSearch(spec, device_cluster(), fixed, space, frozenset(scaled))
         for key in [k for k in results if is_profiled(k, CLASSES)]:

@@ -10,7 +10,7 @@ from planner import (
     EstimateSearch,
     build_plan,
     enumerate_candidates,
-    whole_model_stages,
+    with_layer_profiles,
     with_layers_outside,
 )
 from planner.estimate import is_profiled
@@ -21,7 +21,7 @@ from tests.planner.test_outside import COST, EXPONENT, MEMORY, _spec
 from tests.support.profiles import fake_profile
 
 # Short models, as `make demo`'s: the whole cluster holds no layer profiles of its own
-# (`whole_model_stages` scales its whole-model stages), so the outside stages are new there.
+# (`with_layer_profiles` scales its whole-model stages), so the outside stages are new there.
 GPT = ["embed"] + ["block"] * 4 + ["head"]
 CHEAP_ENDS = ["embed"] + ["block"] * 4 + ["embed"]
 
@@ -65,8 +65,7 @@ def _truth(spec: ModelSpec, space: CandidateSpace, key: Key) -> StageProfileResu
 def test_outside_layers_are_measured_only_where_a_plan_needs_them(classes: list[str]) -> None:
     spec, options, clus = _spec(classes), _options(), cluster(1, 4)
     fps = [x.fingerprint for x in spec.layers]
-    space = enumerate_candidates(spec, clus, options)
-    scaled, _ = whole_model_stages(space, len(fps))
+    space, scaled, _ = with_layer_profiles(enumerate_candidates(spec, clus, options), fps)
     before = {k.as_tuple() for k in space.keys}
     space = with_layers_outside(space, spec, clus.num_devices)
     outside = [k.as_tuple() for k in space.keys if k.as_tuple() not in before]

@@ -117,7 +117,7 @@ class JobContext:
     # whether stored measurements of other jobs are reused (RunnerConfig.reuse_stages)
     reuse_stages: bool = True
     # estimate search: stages on every device estimated by scaling (whole-model stages,
-    # planner.whole_model_stages; the layers outside the pipeline, planner.outside), and
+    # planner.with_layer_profiles; the layers outside the pipeline, planner.outside), and
     # the whole-model stages measured directly
     scaled: frozenset[Key] = frozenset()
     direct: tuple[Key, ...] = ()

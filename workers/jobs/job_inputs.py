@@ -109,7 +109,7 @@ def enumerate_space(
 @dataclass(frozen=True)
 class JobInputs:
     """A loaded job, checked: its model, cluster and options and its candidate space (with
-    the layer profiles the estimate search needs: `planner.whole_model_stages`); in a job
+    the layer profiles the estimate search needs: `planner.with_layer_profiles`); in a job
     that searches counts of micro-batches, one count's: the spec stated at its micro-batch
     size (`micro_batch_size`, 0 in a job of one count) and the options at that count."""
 
@@ -189,7 +189,8 @@ def _count_inputs(
     scaled: list[tuple[int, int, int, int]] = []
     direct: list[tuple[int, int, int, int]] = []
     if options.search_mode == "estimate":
-        scaled, direct = planner.whole_model_stages(space, spec.num_layers)
+        fps = [x.fingerprint for x in spec.layers]
+        space, scaled, direct = planner.with_layer_profiles(space, fps)
     if options.allows_outside:  # after the layer profiles: they decide on the whole cluster
         before = {k.as_tuple() for k in space.keys}
         space = planner.with_layers_outside(space, spec, cluster.num_devices)
