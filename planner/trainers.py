@@ -7,8 +7,9 @@ per stage = the pipelined layers and the micro-batches a multiple of the stages.
 before and after the blocks (embedding, head) run on all devices outside the pipeline: each
 is costed from its fastest one-layer stage on the largest submesh that measured it, scaled
 to data parallelism over all devices (`time × submesh devices / all devices`, per
-micro-batch): an ideal-scaling estimate, since Alpa's candidate space measures only the whole
-model on the whole cluster.
+micro-batch): a measurement where the whole cluster measured it (`outside_layers`,
+`planner.with_layers_outside`), an ideal-scaling estimate otherwise, since Alpa's candidate
+space holds only the whole model on the whole cluster.
 """
 
 import math
