@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from migrations import upgrade
 from store import Base, make_engine, make_sessionmaker
 from tests.support.databases import postgres_url, reset_postgres
+from tests.support.xla_flags import with_fast_compile
 
 # (store, migrations and sqlalchemy above do not import jax)
 NUM_DEVICES = 8
@@ -32,6 +33,7 @@ if _count is None:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count={NUM_DEVICES}"
 elif int(_count.group(1)) < NUM_DEVICES:
     os.environ["XLA_FLAGS"] = re.sub(r"device_count=\d+", f"device_count={NUM_DEVICES}", _flags)
+os.environ["XLA_FLAGS"] = with_fast_compile(os.environ["XLA_FLAGS"])  # tests.support.xla_flags
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _compile_cache = tempfile.mkdtemp(prefix="stageprof-test-xla-")
 os.environ["STAGEPROF_COMPILE_CACHE_DIR"] = _compile_cache

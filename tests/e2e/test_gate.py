@@ -18,6 +18,7 @@ from tests.e2e.stack import STAGEPROF, LocalStack
 from tests.e2e.test_ci_recipes import GITHUB, github_gate_step
 from tests.e2e.test_stack import e2e_database_url, stack_env
 from tests.support.processes import free_port, settings_free_env, stop_processes
+from tests.support.xla_flags import with_fast_compile
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -129,6 +130,7 @@ def test_the_gate_runs_embedded_on_an_entry_point(tmp_path: Path) -> None:
     model comes from `--entry module:function` imported from the working directory."""
     (tmp_path / "my_model.py").write_text(ENTRY_MODULE)
     env = settings_free_env(also=("RAY_ADDRESS", "XLA_FLAGS"))
+    env["XLA_FLAGS"] = with_fast_compile("")  # device counts are the gate's own
     argv = recipe_gate_argv("unused")
     model = ["--zoo", "mlp", "--set", "preset=tiny", "--set", "num_layers=4"]
     at = argv.index("--zoo")

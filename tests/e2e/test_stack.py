@@ -22,6 +22,7 @@ from tests.support.databases import postgres_url, reset_postgres
 from tests.support.models import FAST_OPTIONS, TINY_GPT
 from tests.support.processes import free_port, settings_free_env
 from tests.support.waiting import wait_until
+from tests.support.xla_flags import with_fast_compile
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -54,6 +55,7 @@ def e2e_database_url() -> str:
 def stack_env(database_url: str) -> dict[str, str]:
     """This process's environment without stageprof/Ray settings, pointed at the e2e DB."""
     env = settings_free_env(also=("RAY_ADDRESS", "XLA_FLAGS"))
+    env["XLA_FLAGS"] = with_fast_compile("")  # device counts are the stack's own
     env["STAGEPROF_DATABASE_URL"] = database_url
     return env
 

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.xla_flags import with_fast_compile
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 
@@ -14,6 +16,7 @@ BENCH = ROOT / "bench"
 def run_script(name: str, *args: str, timeout: float = 600) -> dict[str, Any]:
     """Run `bench/<name>` with `args`; assert it succeeds; its last stdout line as JSON."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
+    env["XLA_FLAGS"] = with_fast_compile("")  # the script sets its own device counts
     proc = subprocess.run(
         [sys.executable, str(BENCH / name), *args],
         cwd=ROOT,
