@@ -96,7 +96,7 @@ def test_repeatability() -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_multi_host() -> None:
-    out = run_script("multi_host.py", "--layers", "1", "--quick")
+    out = run_script("multi_host.py", "--layers", "1", "--quick", "--packing-devices", "2")
     configs = out["hosts"]["configs"]
     assert len(configs) == 2
     for row in configs:
