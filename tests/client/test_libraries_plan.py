@@ -1,6 +1,7 @@
 """Other libraries' models, traced with no markers, planned end to end by `stageprof plan
---model` on two virtual CPU devices (issue 36): the plan's stages cover the embedding, the
-blocks and the head, and cut only between them."""
+--model` on two virtual CPU devices (issue 36): the plan's stages, with the layers it runs
+outside the pipeline, cover the embedding, the blocks and the head, and cut only between
+them."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 
 from tests.client.test_libraries import assert_embed_blocks_head, traced
 from tests.support.library_models import LIBRARY_MODELS
+from tests.support.plan_layers import assert_every_layer_planned
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--config-space", "data_parallel_only", "--strategies", "data", "--repeats", "2"]
@@ -37,8 +39,5 @@ def test_a_library_model_plans_end_to_end(name: str, tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert planned.returncode == 0, planned.stderr[-3000:]
-    stages = json.loads(planned.stdout.strip().splitlines()[-1])["plan"]["stages"]
-    assert stages[0]["start"] == 0 and stages[-1]["end"] == spec.num_layers - 1
-    assert all(a["end"] + 1 == b["start"] for a, b in zip(stages, stages[1:], strict=False))
-    names = [n for stage in stages for n in stage["layer_names"]]
-    assert names == [layer.name for layer in spec.layers]
+    plan = json.loads(planned.stdout.strip().splitlines()[-1])["plan"]
+    assert_every_layer_planned(plan, [layer.name for layer in spec.layers])

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.plan_layers import assert_every_layer_planned
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TINY = [
@@ -66,7 +68,7 @@ def test_plan_prints_json_then_reuses_everything(tmp_path: Path) -> None:
     }
     assert stats["measured"] > 0 and stats["reused"] == 0
     stages = out["plan"]["stages"]
-    assert stages[0]["start"] == 0 and stages[-1]["end"] == 3
+    assert_every_layer_planned(out["plan"], ["embed", "block0", "block1", "head"])
     report = (tmp_path / "report.html").read_text()
     assert out["job_id"] in report and "<script" in report
     _counts_agree(stats, first.stderr, report)
