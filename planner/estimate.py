@@ -82,8 +82,9 @@ def with_layer_profiles(
     A submesh using every device holds only the whole model (Alpa's rule), so it has no
     layer profiles of its own. Where measuring its distinct layers and adjacent pairs
     compiles fewer layers than the whole model, they are added (no plan uses them but the
-    one-stage plan's estimate). Otherwise its whole-model stages are estimated by perfect
-    scaling from a smaller submesh (`scaled_estimate`), an optimistic bound: they are
+    one-stage plan's estimate). Otherwise its whole-model stages are estimated by scaling
+    the fastest whole-model stage on a smaller submesh (`planner.estimate_table`: perfect
+    scaling times the shortfall measured, else the shortfall of the step below): they are
     measured when a plan that could be best holds one."""
     num_layers = len(layer_fingerprints)
     singles = len(set(layer_fingerprints))

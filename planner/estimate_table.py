@@ -7,6 +7,7 @@ their measured numbers; the estimated ones are filled in where the layer profile
 """
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -76,10 +77,10 @@ def estimated_table(
 ) -> EstimatedTable:
     """`measured` (built from the measured results) with every unmeasured candidate that
     can be estimated filled in; `scaled` (whole-model stages on every device, see
-    `planner.with_layer_profiles`) at the perfect-scaling bound of the fastest estimate of
-    the whole model on a smaller submesh (its times and memory times d / D for d of its
-    devices and D of every device), the times then multiplied by the smallest shortfall from
-    perfect scaling the measured ones showed (`scaling_shortfall`)."""
+    `planner.with_layer_profiles`) from the fastest estimate of the whole model on the
+    nearest smaller submesh size, perfectly scaled (its times and memory times d / D for d of its
+    devices and D of every device), the times then multiplied by the shortfall from perfect
+    scaling (`scaling_shortfall`: what the measured ones showed, else the step below)."""
     arrays = {
         name: np.array(getattr(measured, name))
         for name in (
@@ -157,28 +158,29 @@ def estimated_table(
 def _scaling_source(
     arrays: dict[str, FloatArray], key: Key, estimator: StageEstimator
 ) -> tuple[Key, float] | None:
-    """The fastest whole-model stage on a smaller submesh and its device ratio d / D."""
+    """The fastest stage of `key`'s layers on the nearest smaller submesh size (the most
+    devices under `key`'s that has one) and its device ratio d / D."""
     a, b, m, _ = key
     devices = [s.num_devices for s in estimator.space.submeshes]
     total = arrays["forward"] + arrays["backward"]
-    best: tuple[float, Key] | None = None
-    for other in range(len(devices)):
-        if other == m:
-            continue
-        for c in range(total.shape[3]):
-            t = float(total[a, b, other, c]) * devices[other] / devices[m]
-            if np.isfinite(t) and (best is None or t < best[0]):
-                best = (t, (a, b, other, c))
-    if best is None:
-        return None
-    return best[1], devices[best[1][2]] / devices[m]
+    for size in sorted({d for d in devices if d < devices[m]}, reverse=True):
+        best: tuple[float, Key] | None = None
+        for other in (o for o, d in enumerate(devices) if d == size):
+            for c in range(total.shape[3]):
+                t = float(total[a, b, other, c])
+                if np.isfinite(t) and (best is None or t < best[0]):
+                    best = (t, (a, b, other, c))
+        if best is not None:
+            return best[1], size / devices[m]
+    return None
 
 
 def scaling_shortfall(
     arrays: dict[str, FloatArray], scaled: frozenset[Key], estimator: StageEstimator
 ) -> float:
-    """The smallest measured / perfectly-scaled time over the scaled stages measured so
-    far (1 when none is): how far from perfect scaling the whole cluster's stages are."""
+    """How far from perfect scaling the whole cluster's stages are: the smallest measured /
+    perfectly-scaled time over the scaled stages measured so far; before one is measured,
+    the shortfall the step below showed (`prior_shortfall`)."""
     ratios = []
     for key in scaled:
         result = estimator.results.get(key)
@@ -189,7 +191,29 @@ def scaling_shortfall(
         bound = float(arrays["forward"][src] + arrays["backward"][src]) * ratio
         if bound > 0:
             ratios.append(result.compute_cost / bound)
-    return min(ratios, default=1.0)
+    return min(ratios, default=prior_shortfall(arrays, scaled, estimator))
+
+
+def prior_shortfall(
+    arrays: dict[str, FloatArray], scaled: frozenset[Key], estimator: StageEstimator
+) -> float:
+    """The shortfall from perfect scaling the step below the whole cluster showed, carried
+    one step further: source (`_scaling_source`, d devices) against the stage on the size
+    below it (d' devices) perfectly scaled up is r, and D / d is (d / d')^k of that step,
+    so r^k; at least 1 (never more optimistic than perfect scaling), 1 when the source is
+    the smallest submesh. An estimate the search verifies like any other."""
+    ratios = []
+    for key in scaled:
+        source = _scaling_source(arrays, key, estimator)
+        below = None if source is None else _scaling_source(arrays, source[0], estimator)
+        if source is None or below is None or source[1] >= 1 or below[1] >= 1:
+            continue
+        (src, up), (low, step) = source, below
+        bound = float(arrays["forward"][low] + arrays["backward"][low]) * step
+        if bound > 0:
+            r = float(arrays["forward"][src] + arrays["backward"][src]) / bound
+            ratios.append(r ** (math.log(up) / math.log(step)))
+    return max(1.0, min(ratios, default=1.0))
 
 
 def _scale_into(

@@ -4,8 +4,8 @@ once per micro-batch, and the pipeline holds the blocks only.
 
 A plan's outside time is measured, never scaled: each outside layer's one-layer stage on a
 submesh of every device (`with_layers_outside` adds those candidates to a job's space; Alpa's
-space holds only the whole model there; the estimate search ranks them at their scaling
-bound and measures those a plan within its band holds, as for the whole model), the fastest
+space holds only the whole model there; the estimate search ranks them at their scaled
+estimate and measures those a plan within its band holds, as for the whole model), the fastest
 config that keeps all B micro-batches' stash (everything runs before and after the
 pipeline: `max_n_succ_stages >= B - 1`), forward + backward times B. Their memory is not
 added to the pipeline stages' on the same devices (as in the MaxText search,

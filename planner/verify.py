@@ -107,7 +107,7 @@ class EstimateSearch:
         """Relative errors of the stages measured after being estimated (ok ones)."""
         out = []
         for key, est in self.estimated_at_choice.items():
-            if key in self.scaled:  # a scaling bound, not an estimate from layer profiles
+            if key in self.scaled:  # scaled, not estimated from layer profiles
                 continue
             result = self.measured.get(key)
             if result is not None and result.ok:

@@ -194,8 +194,9 @@ def test_the_table_of_estimates_equals_the_estimates_one_by_one() -> None:
 def test_the_whole_model_on_every_device_is_measured_when_it_could_be_best(
     scaling: float,
 ) -> None:
-    """A short model: the whole-model stage on the 4 devices is estimated by perfect
-    scaling (an optimistic bound), measured only when a plan that could be best holds it."""
+    """A short model: the whole-model stage on the 4 devices is estimated by scaling the 2
+    devices' (the step 1 -> 2 devices' shortfall from perfect scaling carried to 2 -> 4),
+    measured only when a plan that could be best holds it."""
     short = ["embed"] + ["block"] * 4 + ["head"]
     search, truth, _ = _run("1f1b", classes=short, scaling=scaling)
     (whole,) = search.scaled
@@ -204,9 +205,15 @@ def test_the_whole_model_on_every_device_is_measured_when_it_could_be_best(
     assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)
     one_stage = _stages(reference.stages) == [whole]
     assert one_stage == (scaling == 1.0)  # perfect scaling: data parallelism wins
-    assert whole in search.measured  # the bound could beat the pipelines: measured
-    assert whole not in search.candidates() - {k for k in search.measured}
-    assert search.estimated_at_choice[whole] <= truth[whole].compute_cost  # a lower bound
+    assert (whole in search.measured) == one_stage  # poor scaling: seen, not measured
+    # the cost law scales by the same factor per doubling (but its per-call overhead): the
+    # estimate is the truth to within that overhead, a little below it
+    if whole not in search.measured:
+        point = search.point_table().table
+        estimate = float(point.forward[whole] + point.backward[whole])
+        assert 0.97 * truth[whole].compute_cost <= estimate <= truth[whole].compute_cost
+    else:
+        assert search.estimated_at_choice[whole] <= truth[whole].compute_cost
 
 
 def test_one_device_measures_its_one_plan_directly() -> None:
@@ -222,8 +229,9 @@ def test_one_device_measures_its_one_plan_directly() -> None:
 def test_one_measured_whole_cluster_stage_corrects_the_scaling_of_the_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Several configs on every device: once one is measured far from perfect scaling, the
-    others' estimates carry that shortfall and are not measured one round each."""
+    """Several configs on every device, which scale far worse than the smaller submeshes
+    did: once one is measured, the others' estimates carry that shortfall and are not
+    measured one round each."""
 
     def three_strategies(schedule: str = "1f1b") -> PlanOptions:
         return PlanOptions(
@@ -235,7 +243,10 @@ def test_one_measured_whole_cluster_stage_corrects_the_scaling_of_the_others(
 
     monkeypatch.setattr(sys.modules[__name__], "_options", three_strategies)
     short = ["embed"] + ["block"] * 4 + ["head"]
-    search, truth, _ = _run("1f1b", classes=short, scaling=0.0)  # no gain from more devices
+    space = enumerate_candidates(_spec(short), CLUSTER, three_strategies())
+    whole = [m for m, s in enumerate(space.submeshes) if s.num_devices == 4]
+    slower = {(0, 5, m, c): 3.0 for m in whole for c in range(len(space.configs[m]))}
+    search, truth, _ = _run("1f1b", slower=slower, classes=short, scaling=1.0)
     assert len(search.scaled) == 5
     measured = [k for k in search.scaled if k in search.measured]
     assert 1 <= len(measured) <= 2

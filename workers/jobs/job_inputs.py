@@ -195,7 +195,7 @@ def _count_inputs(
         before = {k.as_tuple() for k in space.keys}
         space = planner.with_layers_outside(space, spec, cluster.num_devices)
         if options.search_mode == "estimate":
-            # searched at the scaling bound, measured when a plan within the band holds one
+            # searched at their scaled estimate, measured when a plan within the band holds one
             scaled += [k.as_tuple() for k in space.keys if k.as_tuple() not in before]
     return JobInputs(
         model_id,
