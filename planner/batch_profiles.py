@@ -20,7 +20,8 @@ rests on it, like every estimated stage.
 from collections.abc import Iterable, Mapping
 
 from planner.candidates import CandidateSpace
-from planner.estimate import SIZES, TIMED, estimated_result
+from planner.estimate import SIZES, TIMED
+from planner.estimate_result import estimated_result
 from planner.table import Key
 from schemas import ModuleKind, StageProfileResult
 

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.estimate import StageEstimator, estimated_result
+from planner.estimate import StageEstimator
+from planner.estimate_result import estimated_result
 from planner.table import CostTable, Key
 from schemas import (
     ModuleKind,
