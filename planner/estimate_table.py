@@ -79,9 +79,10 @@ def estimated_table(
     """`measured` (built from the measured results) with every unmeasured candidate that
     can be estimated filled in; `scaled` (whole-model stages on every device, see
     `planner.with_layer_profiles`) from the fastest estimate of the whole model on the
-    nearest smaller submesh size, perfectly scaled (its times and memory times d / D for d of its
-    devices and D of every device), the times then multiplied by the shortfall from perfect
-    scaling (`scaling_shortfall`: what the measured ones showed, else the step below)."""
+    nearest smaller submesh size, perfectly scaled (its times and memory times d / D for d
+    of its devices and D of every device), the times then multiplied by the shortfall from
+    perfect scaling (`scaling_shortfall`: what the measured ones showed, else the step
+    below)."""
     arrays = {
         name: np.array(getattr(measured, name))
         for name in (
@@ -163,12 +164,11 @@ def _scaling_source(
     devices under `key`'s that has one) and its device ratio d / D."""
     a, b, m, _ = key
     devices = [s.num_devices for s in estimator.space.submeshes]
-    total = arrays["forward"] + arrays["backward"]
     for size in sorted({d for d in devices if d < devices[m]}, reverse=True):
         best: tuple[float, Key] | None = None
         for other in (o for o, d in enumerate(devices) if d == size):
-            for c in range(total.shape[3]):
-                t = float(total[a, b, other, c])
+            for c in range(arrays["forward"].shape[3]):
+                t = _time(arrays, (a, b, other, c))
                 if np.isfinite(t) and (best is None or t < best[0]):
                     best = (t, (a, b, other, c))
         if best is not None:
@@ -189,10 +189,10 @@ def scaling_shortfall(
         if result is None or not result.ok or source is None:
             continue
         src, ratio = source
-        bound = float(arrays["forward"][src] + arrays["backward"][src]) * ratio
+        bound = _time(arrays, src) * ratio
         if bound > 0:
             ratios.append(result.compute_cost / bound)
-    return min(ratios, default=prior_shortfall(arrays, scaled, estimator))
+    return min(ratios) if ratios else prior_shortfall(arrays, scaled, estimator)
 
 
 def prior_shortfall(
@@ -207,22 +207,25 @@ def prior_shortfall(
     for key in scaled:
         source = _scaling_source(arrays, key, estimator)
         below = None if source is None else _scaling_source(arrays, source[0], estimator)
-        if source is None or below is None or source[1] >= 1 or below[1] >= 1:
+        if source is None or below is None:
             continue
-        (src, up), (low, step) = source, below
-        bound = float(arrays["forward"][low] + arrays["backward"][low]) * step
+        (src, up), (low, step) = source, below  # both ratios under 1: fewer devices
+        bound = _time(arrays, low) * step
         if bound > 0:
-            r = float(arrays["forward"][src] + arrays["backward"][src]) / bound
-            ratios.append(r ** (math.log(up) / math.log(step)))
+            ratios.append((_time(arrays, src) / bound) ** (math.log(up) / math.log(step)))
     return max(1.0, min(ratios, default=1.0))
+
+
+def _time(arrays: dict[str, FloatArray], key: Key) -> float:
+    """forward + backward of one stage of the table being filled."""
+    return float(arrays["forward"][key] + arrays["backward"][key])
 
 
 def _scale_into(
     arrays: dict[str, FloatArray], key: Key, estimator: StageEstimator, shortfall: float
 ) -> bool:
-    """Fill `key` (the whole model on every device) from the fastest whole-model stage on
-    a smaller submesh, perfectly scaled, times `shortfall` (what the measured ones showed);
-    False when there is none."""
+    """Fill `key` (the whole model on every device) from its source (`_scaling_source`),
+    perfectly scaled, times `shortfall` (`scaling_shortfall`); False when there is none."""
     source = _scaling_source(arrays, key, estimator)
     if source is None:
         return False
