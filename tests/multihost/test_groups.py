@@ -233,6 +233,34 @@ def test_a_pool_asks_only_for_the_groups_it_can_use_and_gives_idle_ones_back(
         pool.shutdown()
 
 
+def test_the_group_started_for_info_measures_while_the_others_start(spec: ModelSpec) -> None:
+    """`info` starts one group; the first stage runs on it at once, and the pool grows to
+    more groups only for the stages after it (the probe group used to idle while they
+    started)."""
+    (first, mesh), (second, _), *_ = _keys(spec, 1, 1)
+    pool = _pool(spec)
+    try:
+        pool.info(mesh)
+        (probe,) = pool.groups
+        pool.submit(CandidateTask("first", first, mesh))
+        assert [g is probe for g in pool.groups] == [True]  # nothing else started first
+        assert probe.task is not None
+        assert pool.accepts(mesh)  # more groups of its shape can still start
+        pool.submit(CandidateTask("second", second, mesh))
+        assert len(pool.groups) > 1
+        assert sum(g.task is not None for g in pool.groups) == 2
+        done: list[Any] = []
+
+        def both() -> bool:
+            done.extend(pool.poll(1.0))
+            return len(done) == 2
+
+        wait_until(both, 240, "two results", interval_s=0)
+        assert [r.status for r in done] == [ProfileStatus.ok] * 2
+    finally:
+        pool.shutdown()
+
+
 def test_a_rank_dying_while_joining_fails_its_group_within_seconds(
     spec: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -163,13 +163,14 @@ class GroupPool:
         return info
 
     def accepts(self, submesh: SubmeshShape) -> bool:
-        """Whether a stage on `submesh` would start now: a group of its shape is free, or
-        nothing runs (the pool then turns to its shape)."""
+        """Whether a stage on `submesh` would start now: a group of its shape is free or can
+        still be started, or nothing runs (the pool then turns to its shape)."""
         if not self.busy:
             return True
         if self.layout.shape_for(submesh) != self._shape:
             return False
-        return len(self._queue) < sum(g.task is None for g in self._groups)
+        room = sum(g.task is None for g in self._groups) + (0 if self._complete else 1)
+        return len(self._queue) < room
 
     def submit(self, task: CandidateTask, wanted: int | None = None) -> None:
         """Queue `task`; `wanted`: how many groups of its shape the caller has stages for
@@ -240,13 +241,16 @@ class GroupPool:
                 if any(g.task is not None for g in self._groups):
                     return  # the current shape finishes first
                 self._switch(shape)
-            elif not self._complete:
+            free = next((g for g in self._groups if g.task is None), None)
+            if free is None and not self._complete:
+                # a free group measures first: the one `info` started would otherwise wait
+                # while the others start
                 self._grow()
+                free = next((g for g in self._groups if g.task is None), None)
             if not self._groups:
                 self._queue.popleft()
                 self._unplaced.append(self._unplaceable(task, shape))
                 continue
-            free = next((g for g in self._groups if g.task is None), None)
             if free is None:
                 return
             self._queue.popleft()
