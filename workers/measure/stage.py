@@ -177,17 +177,37 @@ def _failing_as(status: ProfileStatus, phase: str) -> Iterator[None]:
         raise _failure(err, status, phase) from err
 
 
+@dataclass
+class _Arrays:
+    """What a stage runs on: random parameters and inputs, and the optimizer's initial state."""
+
+    params: list[jax.Array]
+    inputs: list[jax.Array]
+    opt_state: Any
+
+
+def _allocate(modules: StageModules) -> _Arrays:
+    """The stage's arrays, made before its quiet timing section so that the other actors
+    can compile meanwhile (eager ops here may compile one-op programs: a compile section)."""
+    with _failing_as(ProfileStatus.runtime_error, "allocating parameters"):
+        params = [random_array(s, i) for i, s in enumerate(modules.param_structs)]
+    with _failing_as(ProfileStatus.runtime_error, "allocating inputs"):
+        inputs = [random_array(s, 1000 + i) for i, s in enumerate(modules.input_structs)]
+    with _failing_as(ProfileStatus.runtime_error, "allocating the optimizer state"):
+        opt_state = _initial_opt_state(modules, params)
+    return _Arrays(params, inputs, opt_state)
+
+
 def _run_forward_backward(
     modules: StageModules,
     measured: _Measured,
     options: PlanOptions,
     deadline: Deadline,
-    params: list[jax.Array],
+    arrays: _Arrays,
 ) -> list[jax.Array]:
     """Time forward then backward (on the last forward's VJP), then B and W when split;
     returns parameter grads."""
-    with _failing_as(ProfileStatus.runtime_error, "allocating inputs"):
-        inputs = [random_array(s, 1000 + i) for i, s in enumerate(modules.input_structs)]
+    params, inputs = arrays.params, arrays.inputs
     fwd = measured.modules["forward"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running forward"):
         measured.samples["forward"], (outs, stash, _) = _timed(
@@ -238,23 +258,29 @@ def _timed(
 def _run(
     modules: StageModules, measured: _Measured, options: PlanOptions, deadline: Deadline
 ) -> None:
-    """Allocate the stage's arrays and time forward, backward (B and W), apply_grad, while
+    """Allocate the stage's arrays, then time forward, backward (B and W), apply_grad while
     no other process on the machine compiles or times (`workers.measure.quiet`: one section for
     all modules, so the other actors' compiles wait once, not between modules)."""
+    with compile_slot(deadline.limit_s):
+        arrays = _allocate(modules)
+    deadline.check("allocate")
     with timing_slot(deadline.limit_s):
-        _run_quietly(modules, measured, options, deadline)
+        _run_quietly(modules, measured, options, deadline, arrays)
 
 
 def _run_quietly(
-    modules: StageModules, measured: _Measured, options: PlanOptions, deadline: Deadline
+    modules: StageModules,
+    measured: _Measured,
+    options: PlanOptions,
+    deadline: Deadline,
+    arrays: _Arrays,
 ) -> None:
-    with _failing_as(ProfileStatus.runtime_error, "allocating parameters"):
-        params = [random_array(s, i) for i, s in enumerate(modules.param_structs)]
-    grads = _run_forward_backward(modules, measured, options, deadline, params)
+    grads = _run_forward_backward(modules, measured, options, deadline, arrays)
     apply = measured.modules["apply_grad"].compiled
     with _failing_as(ProfileStatus.runtime_error, "running apply_grad"):
-        state: list[Any] = [params, _initial_opt_state(modules, params)]
-        params = []  # apply_grad donates them: only `state` holds them from here
+        state: list[Any] = [arrays.params, arrays.opt_state]
+        arrays.params = []  # apply_grad donates them: only `state` holds them from here
+        arrays.opt_state = None
 
         def apply_once() -> Any:
             state[:] = apply(state[0], state[1], grads)
