@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,6 +192,9 @@ class JobRun:
     tasks: int
     load_avg: float  # mean 1-minute load average of the machine during the run
     fingerprints: dict[tuple[int, int, int, int], str]  # every candidate's stage fingerprint
+    # every distinct stage the job recorded, at every micro-batch size (`results` holds one
+    # size's per key: a job that searches counts has a key at each size)
+    profiles: list[Any] = field(default_factory=list)
 
 
 class LoadSampler:
@@ -259,8 +262,10 @@ def run_job(
     use the compilation cache at `cache_dir` (or `off`); default: an empty one of its own."""
     from sqlalchemy import select
 
+    from schemas import StageProfileResult
     from store import create_job, job_results, put_model, session_scope
     from store.tables import JobCandidateRow as C
+    from store.tables import StageProfileRow as P
     from workers.jobs.runner import JobRunner
 
     with session_scope(sessions) as s:
@@ -280,6 +285,14 @@ def run_job(
             )
         )
         fingerprints = {(a, b, m, c): fp for a, b, m, c, fp in rows}
+        profiles = [
+            StageProfileResult.model_validate(r)
+            for (r,) in s.execute(
+                select(P.result)
+                .where(P.id.in_(select(C.profile_id).where(C.job_id == job_id)))
+                .order_by(P.id)
+            )
+        ]
     return JobRun(
         job_id,
         outcome,
@@ -290,6 +303,7 @@ def run_job(
         tasks=int(clock["tasks"]),
         load_avg=load.mean,
         fingerprints=fingerprints,
+        profiles=profiles,
     )
 
 

@@ -77,8 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def measured_results(run: common.JobRun) -> list[Any]:
-    """The distinct stages this job measured, one result each."""
-    return list({r.fingerprint: r for r in run.results.values()}.values())
+    """The distinct stages this job measured, one result each (at every micro-batch size)."""
+    return list({r.fingerprint: r for r in run.profiles}.values())
 
 
 def breakdown(run: common.JobRun, workers: int) -> dict[str, float]:
@@ -118,6 +118,8 @@ def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
         "candidates": stats.candidates,
         "distinct_stages": stats.distinct_stages,
         "measured": stats.measured,
+        # distinct stages recorded, at every micro-batch size (one per stage measured here)
+        "profiles": len(measured_results(run)),
         "compiles": (stats.measured + stats.failed) * len(MODULES),
         "cache_hits": sum(r.compile_cache_hits for r in measured_results(run)),
         "pruned": stats.pruned,
@@ -301,6 +303,7 @@ def load_exhaustive(directory: Path) -> tuple[common.JobRun, dict[str, Any]]:
         tasks=0,
         load_avg=figures.get("load_avg", 0.0),
         fingerprints=fingerprints,
+        profiles=list(results.values()),
     )
     return run, figures
 
