@@ -28,4 +28,4 @@ cleanup() {
 }
 trap cleanup EXIT
 STAGEPROF_DATABASE_URL="$url" "$BIN/stageprof" db upgrade || exit 1
-STAGEPROF_LOCK_DIR="$locks" STAGEPROF_TEST_POSTGRES_URL="$url" "$BIN/pytest" -q -ra "$@"
+STAGEPROF_LOCK_DIR="$locks" STAGEPROF_TEST_POSTGRES_URL="$url" "$BIN/pytest" -q -ra --durations=25 "$@"
