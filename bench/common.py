@@ -192,8 +192,8 @@ class JobRun:
     tasks: int
     load_avg: float  # mean 1-minute load average of the machine during the run
     fingerprints: dict[tuple[int, int, int, int], str]  # every candidate's stage fingerprint
-    # every distinct stage the job recorded, at every micro-batch size (`results` holds one
-    # size's per key: a job that searches counts has a key at each size)
+    # every candidate's result at every micro-batch size (`results` holds one size's per
+    # key: a job that searches counts has a key at each size)
     profiles: list[Any] = field(default_factory=list)
 
 
@@ -262,10 +262,9 @@ def run_job(
     use the compilation cache at `cache_dir` (or `off`); default: an empty one of its own."""
     from sqlalchemy import select
 
-    from schemas import StageProfileResult
     from store import create_job, job_results, put_model, session_scope
+    from store.queries import job_micro_batch_sizes
     from store.tables import JobCandidateRow as C
-    from store.tables import StageProfileRow as P
     from workers.jobs.runner import JobRunner
 
     with session_scope(sessions) as s:
@@ -286,12 +285,9 @@ def run_job(
         )
         fingerprints = {(a, b, m, c): fp for a, b, m, c, fp in rows}
         profiles = [
-            StageProfileResult.model_validate(r)
-            for (r,) in s.execute(
-                select(P.result)
-                .where(P.id.in_(select(C.profile_id).where(C.job_id == job_id)))
-                .order_by(P.id)
-            )
+            result
+            for size in job_micro_batch_sizes(s, job_id=job_id)
+            for result in job_results(s, job_id=job_id, micro_batch_size=size).values()
         ]
     return JobRun(
         job_id,

@@ -112,6 +112,7 @@ def breakdown(run: common.JobRun, workers: int) -> dict[str, float]:
 def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
     stats = run.outcome.stats
     plan = run.outcome.plan
+    profiles = measured_results(run)
     return {
         "status": run.outcome.status.value,
         "error": run.outcome.error,
@@ -119,9 +120,9 @@ def summarize(run: common.JobRun, workers: int) -> dict[str, Any]:
         "distinct_stages": stats.distinct_stages,
         "measured": stats.measured,
         # distinct stages recorded, at every micro-batch size (one per stage measured here)
-        "profiles": len(measured_results(run)),
+        "profiles": len(profiles),
         "compiles": (stats.measured + stats.failed) * len(MODULES),
-        "cache_hits": sum(r.compile_cache_hits for r in measured_results(run)),
+        "cache_hits": sum(r.compile_cache_hits for r in profiles),
         "pruned": stats.pruned,
         "estimated": stats.estimated,
         "failed": stats.failed,

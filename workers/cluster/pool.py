@@ -241,12 +241,12 @@ class GroupPool:
                 if any(g.task is not None for g in self._groups):
                     return  # the current shape finishes first
                 self._switch(shape)
-            free = next((g for g in self._groups if g.task is None), None)
+            free = self._free_group()
             if free is None and not self._complete:
                 # a free group measures first: the one `info` started would otherwise wait
                 # while the others start
                 self._grow()
-                free = next((g for g in self._groups if g.task is None), None)
+                free = self._free_group()
             if not self._groups:
                 self._queue.popleft()
                 self._unplaced.append(self._unplaceable(task, shape))
@@ -255,6 +255,9 @@ class GroupPool:
                 return
             self._queue.popleft()
             self._run(free, task)
+
+    def _free_group(self) -> MeasuringGroup | None:
+        return next((g for g in self._groups if g.task is None), None)
 
     def _run(self, group: MeasuringGroup, task: CandidateTask) -> None:
         group.task, group.started, group.first_done = task, time.monotonic(), None
