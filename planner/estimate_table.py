@@ -63,10 +63,12 @@ def _range_max(values: FloatArray) -> FloatArray:
 
 @dataclasses.dataclass(frozen=True)
 class EstimatedTable:
-    """The cost table with estimates filled in, and which keys are estimates."""
+    """The cost table with estimates filled in, which keys are estimates, and which keys'
+    split backward is estimated (`planner.split_estimate`)."""
 
     table: CostTable
     estimated: frozenset[Key]
+    split_estimated: frozenset[Key] = frozenset()
 
 
 def estimated_table(

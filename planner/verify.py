@@ -30,6 +30,7 @@ from planner.outside import search_with_outside
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
 from planner.search import Proposal
+from planner.split_estimate import is_split, split_ratios, with_split_estimates
 from planner.table import CostTable, Key, build_cost_table
 from planner.trainers import maxtext_search, maxtext_space
 from schemas import (
@@ -75,6 +76,10 @@ class EstimateSearch:
     # |prior - measured| / measured of forward + backward of each layer profile measured
     # after being estimated at other micro-batch sizes (`add_prior`)
     prior_errors: dict[Key, float] = field(default_factory=dict)
+    # stages may be measured without the backward split (`schedule: auto`): their split, and
+    # every estimated stage's, is estimated (`planner.split_estimate`), and measured when a
+    # zero-bubble plan that could be best rests on it
+    split_on_demand: bool = False
 
     def __post_init__(self) -> None:
         classes: dict[str, int] = {}
@@ -102,6 +107,11 @@ class EstimateSearch:
         for key in keys:
             if key not in self.measured:
                 self.estimator.add(key, result, prior=True)
+
+    def needs_split(self, key: Key) -> bool:
+        """A stage measured without the split that a zero-bubble plan would need it of."""
+        result = self.measured.get(key)
+        return self.split_on_demand and result is not None and result.ok and not is_split(result)
 
     def errors(self) -> list[float]:
         """Relative errors of the stages measured after being estimated (ok ones)."""
@@ -141,13 +151,18 @@ class EstimateSearch:
         measured = build_cost_table(
             self.spec, self.cluster, self.space, self.measured, self.options.include_communication
         )
-        return estimated_table(
+        point = estimated_table(
             self.estimator,
             measured,
             self.candidates(),
             self.spec.num_layers,
             frozenset(self.scaled - self.skipped),
         )
+        if not self.split_on_demand:
+            return point
+        unsplit = {k for k in self.measured if self.needs_split(k)} | set(point.estimated)
+        table = with_split_estimates(point.table, unsplit, split_ratios(self.measured.values()))
+        return dataclasses.replace(point, table=table, split_estimated=frozenset(unsplit))
 
     def point_costs(self, point: EstimatedTable | None = None) -> dict[Key, float]:
         """forward + backward of every estimated (unmeasured) candidate."""
@@ -169,19 +184,22 @@ class EstimateSearch:
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = np.maximum(1.0 - self.band(), np.where(est > 0, bounds / est, 0.0))
         factor = np.where(mask, np.minimum(factor, 1.0e6), 1.0)
+        split_factor = factor.copy()
+        for key in point.split_estimated - point.estimated:  # measured, its split estimated
+            split_factor[key] = 1.0 - self.band()
         return dataclasses.replace(
             table,
             forward=table.forward * factor,
             backward=table.backward * factor,
-            input_grad=table.input_grad * factor,
-            weight_grad=table.weight_grad * factor,
+            input_grad=table.input_grad * split_factor,
+            weight_grad=table.weight_grad * split_factor,
         )
 
-    def proposals(self, table: CostTable) -> list[Proposal]:
-        """Every schedule's proposals on this table, fastest first."""
+    def proposals(self, table: CostTable) -> list[tuple[str, Proposal]]:
+        """Every schedule's proposals on this table with the schedule's name, fastest first."""
         ranks = config_ranks(self.space)
         names = AUTO_ORDER if self.options.schedule == "auto" else (self.options.schedule,)
-        found: list[Proposal] = []
+        found: list[tuple[str, Proposal]] = []
         for name in names:
             search = search_with_outside(
                 name,
@@ -194,8 +212,8 @@ class EstimateSearch:
                 self.options.virtual_stages,
                 self.options.allows_outside,
             )
-            found.extend(search.ranked)
-        return sorted(found, key=lambda p: p.time)
+            found.extend((name, p) for p in search.ranked)
+        return sorted(found, key=lambda t: t[1].time)
 
     def next_round(self) -> list[Key]:
         """The stages to measure next; empty when the search is done (see the module doc).
@@ -212,9 +230,16 @@ class EstimateSearch:
         if not ranked and not restricted:
             self.stopped = "no plan is feasible on the estimates"
             return []
-        self.best_time = ranked[0].time if ranked else None
-        wanted = self._to_verify([(p.time, [*p.keys, *p.outside]) for p in ranked])
-        wanted += [k for k in self._to_verify(restricted) if k not in wanted]
+        self.best_time = ranked[0][1].time if ranked else None
+        wanted = self._to_verify(
+            [
+                (p.time, [*p.keys, *p.outside], p.keys if name == "zb-h1" else [])
+                for name, p in ranked
+            ]
+        )
+        wanted += [
+            k for k in self._to_verify([(t, ks, []) for t, ks in restricted]) if k not in wanted
+        ]
         if not wanted:
             self.stopped = "the best plan is measured"
             if self.options.target == "maxtext":
@@ -228,28 +253,29 @@ class EstimateSearch:
         logger.info(
             "round %d: best %.6g s, MaxText's %.6g s, measuring %d, band %.3f",
             self.rounds,
-            ranked[0].time if ranked else math.inf,
+            ranked[0][1].time if ranked else math.inf,
             restricted[0][0] if restricted else math.inf,
             len(wanted),
             self.band(),
         )
         return wanted
 
-    def _to_verify(self, ranked: Sequence[tuple[float, list[Key]]]) -> list[Key]:
-        """The unmeasured stages of the fastest plan of `ranked` (time, stages; fastest
-        first) and, while it has any, of the plans within the band of it (a few more)."""
+    def _to_verify(self, ranked: Sequence[tuple[float, list[Key], list[Key]]]) -> list[Key]:
+        """The unmeasured stages of the fastest plan of `ranked` (time, stages, the stages
+        whose split it needs; fastest first) and, while it has any, of the plans within the
+        band of it (a few more)."""
         if not ranked:
             return []
-        best_time, best_keys = ranked[0]
-        wanted = self._unmeasured(best_keys)
+        best_time, best_keys, best_split = ranked[0]
+        wanted = self._unmeasured(best_keys, best_split)
         if not wanted:
             return []
         limit = best_time * (1.0 + self.band())
         cap = len(wanted) + NEW_PER_ROUND
-        for time, keys in ranked[1:]:
+        for time, keys, split in ranked[1:]:
             if time > limit or len(wanted) >= cap:
                 break
-            wanted += [k for k in self._unmeasured(keys) if k not in wanted]
+            wanted += [k for k in self._unmeasured(keys, split) if k not in wanted]
         return wanted
 
     def _maxtext_ranked(self, table: CostTable) -> list[tuple[float, list[Key]]]:
@@ -262,8 +288,11 @@ class EstimateSearch:
         )
         return [(c.time, found.keys_of(c)) for c in found.ranked]
 
-    def _unmeasured(self, keys: Iterable[Key]) -> list[Key]:
-        return [k for k in keys if k not in self.measured]
+    def _unmeasured(self, keys: Iterable[Key], split: Iterable[Key] = ()) -> list[Key]:
+        """The stages of `keys` not measured, and those of `split` measured without the
+        split (`needs_split`)."""
+        needs = {k for k in split if self.needs_split(k)}
+        return [k for k in keys if k not in self.measured or k in needs]
 
     def plan(self) -> Plan:
         """The plan: the fastest of measured stages; baselines and runner-up may hold
@@ -271,7 +300,10 @@ class EstimateSearch:
         The MaxText plan (target maxtext) is made of measured stages too."""
         point = self.point_table()
         plan = build_plan(self.spec, self.cluster, self.options, self.space, {}, table=point.table)
-        if any(_key(st) not in self.measured for st in [*plan.stages, *plan.outside]):
+        unsplit = plan.schedule_name == "zb-h1" and any(
+            self.needs_split(_key(st)) for st in plan.stages
+        )
+        if unsplit or any(_key(st) not in self.measured for st in [*plan.stages, *plan.outside]):
             logger.info("the best plan on the estimates holds an unmeasured stage: measured only")
             plan = build_plan(self.spec, self.cluster, self.options, self.space, self.measured)
         elif self.options.target == "maxtext" and self._unmeasured(

@@ -292,6 +292,18 @@ class PlanOptions(Frozen):
         zero-bubble schedules need it; `auto` considers them)."""
         return self.schedule == "auto" or self.schedule in ZERO_BUBBLE_SCHEDULES
 
+    @property
+    def splits_backward_on_demand(self) -> bool:
+        """Whether stages may be measured without the split backward first, measured split
+        only where a zero-bubble plan that could be best rests on them: `schedule: auto`
+        with the estimate search (see `planner.split_estimate`)."""
+        return self.schedule == "auto" and self.search_mode == "estimate"
+
+    def without_split_backward(self) -> "PlanOptions":
+        """These options for a measurement without the split backward (only the schedule
+        decides the split: 1F1B needs none)."""
+        return self.model_copy(update={"schedule": "1f1b"})
+
     def global_batch(self, micro_batch_size: int) -> int:
         """The global batch of a model traced at `micro_batch_size`."""
         if self.global_batch_size is not None:

@@ -1,6 +1,6 @@
 """Stage profiles (one row per stage fingerprint) and the candidates of each job."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,6 +287,30 @@ def record_result(
             compute_cost=profile.compute_cost,
             peak_memory=profile.peak_memory,
             recorded_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def forget_results(session: Session, *, job_id: str, fingerprints: Sequence[str]) -> int:
+    """Detach the recorded measurement of the job's candidates of `fingerprints` (a stage
+    measured without the split backward, about to be measured with it); returns how many."""
+    if not fingerprints:
+        return 0
+    result = session.execute(
+        update(JobCandidateRow)
+        .where(
+            JobCandidateRow.job_id == job_id,
+            JobCandidateRow.fingerprint.in_(list(fingerprints)),
+        )
+        .values(
+            profile_id=None,
+            reused=False,
+            status=None,
+            compute_cost=None,
+            peak_memory=None,
+            recorded_at=None,
         )
         .execution_options(synchronize_session=False)
     )

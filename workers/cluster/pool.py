@@ -67,12 +67,14 @@ class PoolConfig:
 class CandidateTask:
     """One distinct stage to measure, as the candidate `key` (on `submesh`) it was first
     seen as; `model_key` names the spec it is a stage of (`GroupPool.add_model`; empty: the
-    pool's own)."""
+    pool's own); `unsplit`: measured without the split backward whatever the spec's options
+    say (`PlanOptions.without_split_backward`)."""
 
     fingerprint: str
     key: StageKey
     submesh: SubmeshShape
     model_key: str = ""
+    unsplit: bool = False
 
 
 @dataclass
@@ -263,6 +265,8 @@ class GroupPool:
         group.task, group.started, group.first_done = task, time.monotonic(), None
         model_key = task.model_key or self._model_key
         spec_ref, options = self._models[model_key]
+        if task.unsplit:
+            options = options.without_split_backward()
         group.refs = [
             a.measure.remote(
                 model_key,

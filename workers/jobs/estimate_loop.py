@@ -41,13 +41,21 @@ class EstimateLoop:
     def __post_init__(self) -> None:
         ctx = self.ctx
         self.search = planner.EstimateSearch(
-            ctx.spec, ctx.cluster, ctx.options, ctx.space, ctx.scaled
+            ctx.spec,
+            ctx.cluster,
+            ctx.options,
+            ctx.space,
+            ctx.scaled,
+            split_on_demand=ctx.splits_on_demand,
         )
         self.estimated_stages = 0  # distinct stages stored as estimated (never measured)
         self.fp_of: dict[Key, str] = ctx.candidates.fp_of
         self.keys_by_fp = ctx.keys_by_fp
         self.pending: set[str] = set()  # stages not measured (nor asked for) yet
         self.asked: set[str] = set()  # stages measured up front whatever they estimate
+        # stages measured without the split backward (`JobContext.splits_on_demand`): a
+        # round that needs their split measures them again, split
+        self.unsplit: set[str] = set()
 
     @property
     def job_id(self) -> str:
@@ -78,7 +86,7 @@ class EstimateLoop:
         def measure(fps: list[str]) -> None:
             wanted = self.ctx.by_group_shape(fps)
             if wanted:  # keep_idle: the next round comes within seconds
-                self.ctx.measure(wanted, sink, keep_idle=True)
+                self.ctx.measure(wanted, sink, keep_idle=True, unsplit=self.unsplit)
 
         for fps in self.prepare(known, to_measure):
             measure(fps)
@@ -104,6 +112,7 @@ class EstimateLoop:
         scales to."""
         for key, result in known.items():
             self.search.add([key], result)
+        self.unsplit = {self.fp_of[k] for k in known if self.search.needs_split(k)}
         self.pending = set(to_measure)
         by_user = self._with_keys(to_measure, {k.as_tuple() for k in self.options.measure_stages})
         asked = by_user | self._with_keys(to_measure, set(self.ctx.direct))
@@ -111,11 +120,11 @@ class EstimateLoop:
         profiles = [fp for fp in to_measure if self._is_profile(fp) or fp in asked]
         plain = [fp for fp in profiles if not self._all_remat(fp)]
         self.say("layer profiles")
-        yield self._take(plain)
+        yield self._unsplit(self._take(plain))
         variants = [fp for fp in profiles if self._all_remat(fp)]
         if variants:
             if self._memory_could_bind():
-                yield self._take(variants)
+                yield self._unsplit(self._take(variants))
             else:  # every as-written stage has room: no variant can help (unless asked for)
                 yield self._take([fp for fp in variants if fp in by_user])
                 variant_fps = {fp for fp in self.pending if self._all_remat(fp)}
@@ -137,7 +146,12 @@ class EstimateLoop:
         """The stages of a round's `keys` to measure now; None when the round asked for
         nothing new (stages measured already: a race with another job)."""
         fps = list(dict.fromkeys(self.fp_of[k] for k in keys))
-        fresh = self._take(fps)
+        again = [fp for fp in fps if fp in self.unsplit]  # their split is wanted now
+        if again:
+            self.unsplit.difference_update(again)
+            self._forget(again)
+        taken = set(self._take(fps)) | set(again)
+        fresh = [fp for fp in fps if fp in taken]
         if fresh:
             return fresh
         logger.warning(
@@ -157,6 +171,24 @@ class EstimateLoop:
         """Stages a step asked for that are estimated instead (their layer profiles from
         other micro-batch sizes): not measured now, so a round may still ask for them."""
         self.pending.update(fps)
+
+    def _unsplit(self, fps: list[str]) -> list[str]:
+        """`fps`, of which those not asked for by name are measured without the split
+        backward where the job measures it on demand."""
+        if self.ctx.splits_on_demand:
+            self.unsplit.update(fp for fp in fps if fp not in self.asked)
+        return fps
+
+    def _forget(self, fps: list[str]) -> None:
+        """The job's candidates of `fps` lose their measurement without the split (it is
+        measured again with it, and recorded then)."""
+        job_id = self.job_id
+
+        def put(s: Session) -> None:
+            store.forget_results(s, job_id=job_id, fingerprints=fps)
+            store.refresh_progress(s, job_id=job_id)
+
+        self.ctx.store.patient("split on demand", put)
 
     def _take(self, fps: Sequence[str]) -> list[str]:
         """The stages of `fps` not measured nor asked for yet, now asked for."""

@@ -4,7 +4,7 @@ Ray Train v2's execution code carries its `TrainRunContext`,
 ray/train/v2/_internal/execution/context.py)."""
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import planner
@@ -134,20 +134,46 @@ class JobContext:
         """`fingerprints` grouped by the shape of group that measures them."""
         return by_group_shape(fingerprints, self.keys_by_fp, self.space, self.layout)
 
+    @property
+    def splits_on_demand(self) -> bool:
+        """Whether layer profiles are measured without the split backward first
+        (`PlanOptions.splits_backward_on_demand`; in a job of one count that shares its
+        measurements by fingerprint)."""
+        return (
+            self.options.splits_backward_on_demand
+            and self.reuse_stages
+            and not self.micro_batch_size
+        )
+
+    def unsplit_twin(self, fp: str) -> str:
+        """The fingerprint of `fp`'s stage measured without the split backward."""
+        return self.candidates.fingerprint_of(self.keys_by_fp[fp][0], False)
+
     def measure(
-        self, fingerprints: list[str], sink: ResultSink | None, keep_idle: bool = False
+        self,
+        fingerprints: list[str],
+        sink: ResultSink | None,
+        keep_idle: bool = False,
+        unsplit: Collection[str] = (),
     ) -> None:
         """Measure the stages of `fingerprints` on the job's measuring phase, results fed to
-        `sink` (see `MeasuringPhase.run`)."""
+        `sink` (see `MeasuringPhase.run`); those of `unsplit` without the split backward,
+        as their own stages (`unsplit_twin`), recorded for these candidates as well."""
+        keys_by_fp = self.keys_by_fp
+        twins = {fp: self.unsplit_twin(fp) for fp in fingerprints if fp in unsplit}
+        if twins:
+            keys_by_fp = {**keys_by_fp, **{t: keys_by_fp[fp] for fp, t in twins.items()}}
+            self.ledger.aliases.update({t: fp for fp, t in twins.items()})
         self.phase.run(
-            fingerprints,
-            self.keys_by_fp,
+            [twins.get(fp, fp) for fp in fingerprints],
+            keys_by_fp,
             self.space.submeshes,
             sink,
             self.stats,
             self.keeper,
             self.ledger,
             keep_idle=keep_idle,
+            unsplit=set(twins.values()),
         )
 
     def skip(self, fingerprints: Sequence[str]) -> None:

@@ -35,7 +35,8 @@ class Reused:
 
 def reuse_stored(ctx: JobContext) -> Reused:
     """Add the job's candidates to the store and take every stored measurement they can
-    reuse (with the backward split where the job needs none: a superset of the one needed)."""
+    reuse (with the backward split where the job needs none: a superset of the one needed;
+    without it where the job measures the split on demand: `JobContext.splits_on_demand`)."""
     job_id, model_id, candidates = ctx.job_id, ctx.model_id, ctx.candidates
     size = ctx.micro_batch_size
     use_twins = ctx.reuse_stages and not ctx.options.measures_split_backward
@@ -47,6 +48,14 @@ def reuse_stored(ctx: JobContext) -> Reused:
         stored = store.reusable_profiles(s, fingerprints=pending, device_memory=memory)
         for row in stored.values():
             store.record_result(s, job_id=job_id, profile=row, reused=True)
+        if ctx.splits_on_demand:  # measured without the split: the split comes on demand
+            twins = {ctx.unsplit_twin(fp): fp for fp in pending if fp not in stored}
+            found = store.reusable_profiles(s, fingerprints=twins, device_memory=memory)
+            for twin, row in found.items():
+                stored[twins[twin]] = row
+                store.record_result(
+                    s, job_id=job_id, profile=row, reused=True, fingerprint=twins[twin]
+                )
         if use_twins:
             twins = {candidates.split_twin(fp): fp for fp in pending if fp not in stored}
             found = store.reusable_profiles(s, fingerprints=twins, device_memory=memory)

@@ -5,7 +5,7 @@ waited for, and stages that cannot be in a better plan are skipped."""
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from sqlalchemy.orm import Session
@@ -109,6 +109,7 @@ class MeasuringPhase:
         ledger: StageLedger,
         keep_idle: bool = False,
         model_of: Mapping[str, str] | None = None,
+        unsplit: Collection[str] = (),
     ) -> None:
         """Submit stages as measuring groups free up (one group shape at a time: the pool
         accepts a stage when a group of its shape is free), skipping what cannot matter,
@@ -119,7 +120,8 @@ class MeasuringPhase:
         wait in `ledger` and are stored when the database is back. `keep_idle`: the caller
         has more stages to come soon (the estimate search's next round): groups with nothing
         to do are kept once the queue is empty instead of given back. `model_of`: the model
-        key of each stage's spec in the pool (`GroupPool.add_model`), when not the pool's own."""
+        key of each stage's spec in the pool (`GroupPool.add_model`), when not the pool's own.
+        `unsplit`: stages measured without the split backward (`CandidateTask.unsplit`)."""
 
         def feed(fp: str, result: StageProfileResult) -> None:
             if pruner is not None:
@@ -151,7 +153,7 @@ class MeasuringPhase:
                 pool = self.ensure_pool()
                 wanted = _same_shape(pool, queue, keys_by_fp, submeshes, key)
                 model_key = "" if model_of is None else model_of.get(fp, "")
-                task = CandidateTask(fp, key, submeshes[key.submesh_id], model_key)
+                task = CandidateTask(fp, key, submeshes[key.submesh_id], model_key, fp in unsplit)
                 pool.submit(task, wanted)
             if self.pool is not None and (
                 (not queue and not keep_idle)

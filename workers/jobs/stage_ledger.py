@@ -43,6 +43,9 @@ class StageLedger:
         # The job's device memory, once its cluster is read: a stored `oom` found on
         # smaller devices does not answer it (`store.answers`).
         self.device_memory: int | None = None
+        # a stage measured without the split backward -> the job's candidate fingerprint
+        # (with the split) its result is recorded under as well (`JobContext.measure`)
+        self.aliases: dict[str, str] = {}
 
     # --- claims -----------------------------------------------------------------------
 
@@ -84,7 +87,7 @@ class StageLedger:
                 return OURS
         elif not store.answers(row, self.device_memory):
             return OURS
-        store.record_result(s, job_id=self.job_id, profile=row, reused=True)
+        self._record(s, row, reused=True)
         release_claims(s, owner=self.owner, fingerprints=[fingerprint])
         store.refresh_progress(s, job_id=self.job_id)
         self._ready.append(Settled(fingerprint, store.profile_result(row)))
@@ -150,9 +153,18 @@ class StageLedger:
 
     def _save(self, s: Session, result: StageProfileResult) -> None:
         row = store.save_profile(s, result=result)
-        store.record_result(s, job_id=self.job_id, profile=row, reused=False)
+        self._record(s, row, reused=False)
         release_claims(s, owner=self.owner, fingerprints=[result.fingerprint])
         store.refresh_progress(s, job_id=self.job_id)
+
+    def _record(self, s: Session, row: store.StageProfileRow, *, reused: bool) -> None:
+        """Record `row` for the job's candidates of its fingerprint (and of its alias)."""
+        store.record_result(s, job_id=self.job_id, profile=row, reused=reused)
+        alias = self.aliases.get(row.fingerprint)
+        if alias is not None:
+            store.record_result(
+                s, job_id=self.job_id, profile=row, reused=reused, fingerprint=alias
+            )
 
     def abandon(self) -> None:
         """The job stops here: keep what was measured (profiles are shared by fingerprint)
