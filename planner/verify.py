@@ -80,6 +80,8 @@ class EstimateSearch:
     # every estimated stage's, is estimated (`planner.split_estimate`), and measured when a
     # zero-bubble plan that could be best rests on it
     split_on_demand: bool = False
+    # stages measured without the split, then with it (`split_on_demand`)
+    split_later: set[Key] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         classes: dict[str, int] = {}
@@ -93,6 +95,8 @@ class EstimateSearch:
     def add(self, keys: Iterable[Key], result: StageProfileResult) -> None:
         """A measured result for every candidate key that shares its fingerprint."""
         for key in keys:
+            if self.needs_split(key) and is_split(result):
+                self.split_later.add(key)
             prior = self.estimator.priors.get(key)
             if prior is not None and result.ok:
                 error = relative_error(prior.compute_cost, result.compute_cost)
@@ -373,6 +377,7 @@ class EstimateSearch:
             layer_profiles=sum(1 for k in measured if is_profiled(k, classes)),
             verified=sum(1 for k in measured if not is_profiled(k, classes)),
             estimated=len(point),
+            split_on_demand=len({self.measured[k].fingerprint for k in self.split_later}),
             rounds=self.rounds,
             estimate_error_median=statistics.median(errors) if errors else None,
             estimate_error_max=max(errors) if errors else None,

@@ -458,6 +458,12 @@ class SearchSummary(Frozen):
         0, ge=0, description="Longer stages measured because a plan that could be best has them."
     )
     estimated: int = Field(0, ge=0, description="Stages never measured: estimated only.")
+    split_on_demand: int = Field(
+        0,
+        ge=0,
+        description="Stages measured first without the split backward (schedule auto) and "
+        "again with it, because a zero-bubble plan that could be best had them.",
+    )
     rounds: int = Field(0, ge=0, description="Estimate-then-measure rounds.")
     estimate_error_median: float | None = Field(
         None,

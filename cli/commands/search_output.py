@@ -41,9 +41,10 @@ def search_lines(plan: Plan) -> list[str]:
         return [f"{summary.mode} search: measured {what}"]
     measured = summary.layer_profiles + summary.verified
     rounds = f"{summary.rounds} verification round{'s' if summary.rounds != 1 else ''}"
+    split = f", {summary.split_on_demand} split on demand" if summary.split_on_demand else ""
     counts = (
         f"estimate search: {measured} measured ({summary.layer_profiles} layer profiles, "
-        f"{summary.verified} verified), {summary.estimated} estimated, {rounds}"
+        f"{summary.verified} verified{split}), {summary.estimated} estimated, {rounds}"
     )
     return [counts, error_line(summary)]
 

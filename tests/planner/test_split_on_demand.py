@@ -111,6 +111,9 @@ def test_the_search_measuring_the_split_on_demand_finds_the_exhaustive_optimum(
         assert is_split(measured) == (zero_bubble or key in split)
     profiles = [k for k in truth if is_profiled(k, CLASSES)]
     assert len(set(split) & set(profiles)) < len(profiles)  # not every profile split
+    assert plan.search is not None
+    again = {truth[k].fingerprint for k in split if k in profiles}
+    assert plan.search.split_on_demand == len(again)  # layer profiles measured split again
 
 
 def test_a_zero_bubble_plan_is_never_answered_on_an_estimated_split() -> None:
