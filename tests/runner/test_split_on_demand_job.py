@@ -8,10 +8,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from schemas import ClusterSpec, JobStatus, ModuleKind, StageProfileResult
+from client.symbolic_batch import build_zoo_symbolic
+from schemas import ClusterSpec, JobStatus, ModelSpec, ModuleKind, StageProfileResult
 from store import JobCandidateRow, StageProfileRow, session_scope
 from tests.support.jobs import queue_job
-from tests.support.models import FAST_OPTIONS, tiny_gpt
+from tests.support.models import FAST_OPTIONS, TINY_GPT, tiny_gpt
 from workers.jobs.runner import JobRunner, RunnerConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
@@ -83,3 +84,24 @@ def test_auto_measures_the_split_only_where_a_zero_bubble_plan_needs_it(
     twins = {r.fingerprint for r in unsplit}
     assert twins <= set(reused)  # every unsplit layer profile is a 1F1B candidate's stage
     assert third.stats.reused >= len(twins)
+
+
+def test_a_job_searching_counts_measures_each_counts_split_on_demand(
+    sessions: sessionmaker[Session],
+) -> None:
+    symbolic: ModelSpec = build_zoo_symbolic("gpt", remat_variants=(), num_layers=1, **TINY_GPT)
+    options = AUTO.model_copy(
+        update={"num_microbatches": 2, "global_batch_size": 8, "microbatch_search": [2, 4]}
+    )
+    runner = JobRunner(sessions, RunnerConfig(num_workers=2, lease_seconds=20))
+    job_id = queue_job(sessions, symbolic, options, CLUSTER)
+    outcome = runner.run_next()
+    assert outcome is not None and outcome.status == JobStatus.done, outcome
+    plan = outcome.plan
+    assert plan is not None and plan.microbatch_options
+    recorded = _recorded(sessions, job_id)
+    unsplit = [r for r in recorded.values() if not _split(r)]
+    assert unsplit, "the end sizes' layer profiles are measured without the split"
+    assert all(r.fingerprint not in recorded for r in unsplit)
+    if plan.schedule_name == "zb-h1":
+        assert all(st.measured and st.input_grad_cost is not None for st in plan.stages)

@@ -198,12 +198,22 @@ class CountsLoop:
         return choose_count(self.plans(), self.search.global_batch)
 
     def _measure(self, fps: Sequence[str]) -> None:
+        """Measure `fps` (of every count) on the job's pool; the stages a count's loop
+        measures without the split backward (`EstimateLoop.unsplit`) as their twins."""
         ctx = self.ctx
         wanted = by_group_shape(list(fps), self.keys_by_fp, ctx.space, ctx.layout)
         if not wanted:
             return
+        twins: dict[str, str] = {}
+        for b, loop in self.loops.items():
+            mine = [fp for fp in wanted if self.count_of[fp] == b]
+            twins.update(loop.ctx.unsplit_routes(mine, loop.unsplit))
+        for fp, twin in twins.items():
+            self.keys_by_fp[twin] = self.keys_by_fp[fp]
+            self.count_of[twin] = self.count_of[fp]
+            self.model_of[twin] = self.model_of[fp]
         ctx.phase.run(
-            wanted,
+            [twins.get(fp, fp) for fp in wanted],
             self.keys_by_fp,
             ctx.space.submeshes,
             self._sink,
@@ -212,6 +222,7 @@ class CountsLoop:
             ctx.ledger,
             keep_idle=True,  # the next step comes within seconds
             model_of=self.model_of,
+            unsplit=set(twins.values()),
         )
 
 

@@ -169,8 +169,10 @@ class EstimateLoop:
 
     def defer(self, fps: Iterable[str]) -> None:
         """Stages a step asked for that are estimated instead (their layer profiles from
-        other micro-batch sizes): not measured now, so a round may still ask for them."""
+        other micro-batch sizes): not measured now, so a round may still ask for them
+        (then with the split backward)."""
         self.pending.update(fps)
+        self.unsplit.difference_update(fps)
 
     def _unsplit(self, fps: list[str]) -> list[str]:
         """`fps`, of which those not asked for by name are measured without the split

@@ -137,17 +137,22 @@ class JobContext:
     @property
     def splits_on_demand(self) -> bool:
         """Whether layer profiles are measured without the split backward first
-        (`PlanOptions.splits_backward_on_demand`; in a job of one count that shares its
-        measurements by fingerprint)."""
-        return (
-            self.options.splits_backward_on_demand
-            and self.reuse_stages
-            and not self.micro_batch_size
-        )
+        (`PlanOptions.splits_backward_on_demand`, in a job that shares its measurements by
+        fingerprint)."""
+        return self.options.splits_backward_on_demand and self.reuse_stages
 
     def unsplit_twin(self, fp: str) -> str:
         """The fingerprint of `fp`'s stage measured without the split backward."""
         return self.candidates.fingerprint_of(self.keys_by_fp[fp][0], False)
+
+    def unsplit_routes(
+        self, fingerprints: Sequence[str], unsplit: Collection[str]
+    ) -> dict[str, str]:
+        """Each of `fingerprints` in `unsplit` -> its unsplit twin, the stage measured in its
+        place; the ledger records the twin's result for the job's candidates of it too."""
+        twins = {fp: self.unsplit_twin(fp) for fp in fingerprints if fp in unsplit}
+        self.ledger.aliases.update({t: fp for fp, t in twins.items()})
+        return twins
 
     def measure(
         self,
@@ -160,10 +165,9 @@ class JobContext:
         `sink` (see `MeasuringPhase.run`); those of `unsplit` without the split backward,
         as their own stages (`unsplit_twin`), recorded for these candidates as well."""
         keys_by_fp = self.keys_by_fp
-        twins = {fp: self.unsplit_twin(fp) for fp in fingerprints if fp in unsplit}
+        twins = self.unsplit_routes(fingerprints, unsplit)
         if twins:
             keys_by_fp = {**keys_by_fp, **{t: keys_by_fp[fp] for fp, t in twins.items()}}
-            self.ledger.aliases.update({t: fp for fp, t in twins.items()})
         self.phase.run(
             [twins.get(fp, fp) for fp in fingerprints],
             keys_by_fp,
