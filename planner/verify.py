@@ -176,8 +176,10 @@ class EstimateSearch:
 
     def optimistic_table(self, point: EstimatedTable) -> CostTable:
         """Each estimated stage's times at its optimistic bound: the larger of (1 - band) x
-        its estimate and the largest measured time of a sub-range (provable)."""
+        its estimate and the largest measured time of a sub-range (provable); a measured
+        stage's estimated split (`split_on_demand`) at (1 - band) x its estimate."""
         table = point.table
+        band = self.band()
         measured_cost = np.where(np.isfinite(table.compute_cost), table.compute_cost, 0.0)
         mask = np.zeros(table.forward.shape, dtype=bool)
         for key in point.estimated:
@@ -186,11 +188,11 @@ class EstimateSearch:
         bounds = range_lower_bounds(measured_cost)
         est = np.where(mask, table.compute_cost, 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            factor = np.maximum(1.0 - self.band(), np.where(est > 0, bounds / est, 0.0))
+            factor = np.maximum(1.0 - band, np.where(est > 0, bounds / est, 0.0))
         factor = np.where(mask, np.minimum(factor, 1.0e6), 1.0)
         split_factor = factor.copy()
         for key in point.split_estimated - point.estimated:  # measured, its split estimated
-            split_factor[key] = 1.0 - self.band()
+            split_factor[key] = 1.0 - band
         return dataclasses.replace(
             table,
             forward=table.forward * factor,
