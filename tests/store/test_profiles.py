@@ -23,6 +23,7 @@ from store import (
     claim_job,
     create_job,
     finish_job,
+    forget_results,
     get_job,
     get_profile,
     job_results,
@@ -205,6 +206,34 @@ def test_a_superset_profile_records_under_the_candidates_fingerprint(session: Se
     assert n == 1
     assert pending_fingerprints(session, job_id=job.id) == []
     assert job_results(session, job_id=job.id)[key.as_tuple()].fingerprint == "with-split"
+
+
+def test_an_unsplit_record_is_forgotten_and_replaced_by_the_split_one(session: Session) -> None:
+    """A stage measured without the backward split (its own fingerprint), recorded for the
+    job's candidate, then measured split: the candidate takes the split measurement."""
+    model, _ = put_model(session, spec=tiny_spec())
+    job = create_job(session, model_id=model.id, cluster=ClusterSpec(), options=PlanOptions())
+    key = StageKey(start=0, end=0, submesh_id=0, config_id=0)
+    other = StageKey(start=1, end=1, submesh_id=0, config_id=0)
+    add_candidates(
+        session,
+        job_id=job.id,
+        model_id=model.id,
+        candidates=[CandidateIn(key, "split", 1, "data"), CandidateIn(other, "kept", 1, "data")],
+    )
+    plain = save_profile(session, result=profile("unsplit", key=key))
+    kept = save_profile(session, result=profile("kept", key=other))
+    record_result(session, job_id=job.id, profile=plain, reused=False, fingerprint="split")
+    record_result(session, job_id=job.id, profile=kept, reused=False)
+    assert pending_fingerprints(session, job_id=job.id) == []
+    assert forget_results(session, job_id=job.id, fingerprints=["split"]) == 1
+    assert forget_results(session, job_id=job.id, fingerprints=[]) == 0
+    assert pending_fingerprints(session, job_id=job.id) == ["split"]
+    assert set(job_results(session, job_id=job.id)) == {other.as_tuple()}
+    split = save_profile(session, result=profile("split", key=key))
+    assert record_result(session, job_id=job.id, profile=split, reused=False) == 1
+    assert job_results(session, job_id=job.id)[key.as_tuple()].fingerprint == "split"
+    assert get_profile(session, fingerprint="unsplit") is not None  # kept for other jobs
 
 
 def test_profile_rows_judge_a_reused_stage_on_their_own_job_s_devices(session: Session) -> None:
