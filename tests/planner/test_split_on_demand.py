@@ -14,8 +14,9 @@ from planner.estimate import is_profiled
 from planner.split_estimate import PRIOR, is_split, split_ratios
 from planner.table import Key
 from schemas import ClusterSpec, ModuleKind, PlanOptions, StageProfileResult
-from tests.planner.test_estimate_search import CLASSES, COST, OVERHEAD, _spec
-from tests.support.profiles import fake_module, fake_profile
+from tests.planner.test_estimate_search import CLASSES, _spec
+from tests.planner.test_estimate_search import _truth as plain_truth
+from tests.support.profiles import fake_module
 
 CLUSTER = ClusterSpec(num_hosts=1, devices_per_host=4)
 
@@ -31,28 +32,19 @@ def _options() -> PlanOptions:
 
 
 def _truth(key: Key, devices: int, b_share: float, w_share: float) -> StageProfileResult:
-    """Forward = overhead + the layers' times over the devices, backward twice that, B and W
-    `b_share` and `w_share` of the backward; a weight stash 60% of the activations."""
-    a, b, _, _ = key
-    forward = OVERHEAD + sum(COST[c] for c in CLASSES[a : b + 1]) / devices**0.5
-    n = b - a + 1
-    plain = fake_profile(
-        f"{key}",
-        forward=forward,
-        backward=2 * forward,
-        num_layers=n,
-        initial_var_size=400 * n,
-        intermediate_size=100 * n,
-        max_n_succ_stages=100,
-    )
+    """The cost law of `test_estimate_search` (forward = overhead + the layers' times over
+    the devices, backward twice that) with B and W `b_share` and `w_share` of the backward
+    and a weight stash 60% of the activations."""
+    plain = plain_truth(key, devices, {})
+    backward = plain.backward_cost
     split = (
-        fake_module(ModuleKind.backward_input, b_share * 2 * forward),
-        fake_module(ModuleKind.backward_weight, w_share * 2 * forward),
+        fake_module(ModuleKind.backward_input, b_share * backward),
+        fake_module(ModuleKind.backward_weight, w_share * backward),
     )
     return plain.model_copy(
         update={
             "module_profile_results": plain.module_profile_results + split,
-            "weight_stash_size": 60 * n,
+            "weight_stash_size": 60 * plain.num_layers,
         }
     )
 

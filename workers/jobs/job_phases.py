@@ -4,7 +4,7 @@ the job's end (`JobRunner`)."""
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,7 +39,13 @@ def reuse_stored(ctx: JobContext) -> Reused:
     without it where the job measures the split on demand: `JobContext.splits_on_demand`)."""
     job_id, model_id, candidates = ctx.job_id, ctx.model_id, ctx.candidates
     size = ctx.micro_batch_size
-    use_twins = ctx.reuse_stages and not ctx.options.measures_split_backward
+    # the stored twin a candidate may take instead: measured with the split where the job
+    # needs none, without it where the job measures the split on demand
+    twin_of: Callable[[str], str] | None = None
+    if ctx.splits_on_demand:
+        twin_of = ctx.unsplit_twin
+    elif ctx.reuse_stages and not ctx.options.measures_split_backward:
+        twin_of = candidates.split_twin
     memory = ctx.cluster.device_memory_bytes
 
     def reuse(s: Session) -> Reused:
@@ -48,16 +54,8 @@ def reuse_stored(ctx: JobContext) -> Reused:
         stored = store.reusable_profiles(s, fingerprints=pending, device_memory=memory)
         for row in stored.values():
             store.record_result(s, job_id=job_id, profile=row, reused=True)
-        if ctx.splits_on_demand:  # measured without the split: the split comes on demand
-            twins = {ctx.unsplit_twin(fp): fp for fp in pending if fp not in stored}
-            found = store.reusable_profiles(s, fingerprints=twins, device_memory=memory)
-            for twin, row in found.items():
-                stored[twins[twin]] = row
-                store.record_result(
-                    s, job_id=job_id, profile=row, reused=True, fingerprint=twins[twin]
-                )
-        if use_twins:
-            twins = {candidates.split_twin(fp): fp for fp in pending if fp not in stored}
+        if twin_of is not None:
+            twins = {twin_of(fp): fp for fp in pending if fp not in stored}
             found = store.reusable_profiles(s, fingerprints=twins, device_memory=memory)
             for twin, row in found.items():
                 stored[twins[twin]] = row
