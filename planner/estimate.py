@@ -46,6 +46,9 @@ TIMED = (
 # The additive stage-level quantities (attribute names of StageProfileResult).
 SIZES = ("initial_var_size", "intermediate_size", "weight_stash_size", "flops")
 MAX_EXPONENT = 1.0  # the length law's |γ| at most
+# (submesh, config) whose adjacent pairs are measured up front: the space's first, the
+# smallest submesh, where a pair compiles fastest
+REFERENCE = (0, 0)
 
 
 def is_layer_profile(key: Key) -> bool:
@@ -54,11 +57,15 @@ def is_layer_profile(key: Key) -> bool:
 
 
 def is_profiled(key: Key, layer_classes: Sequence[int] | Sequence[str]) -> bool:
-    """A stage measured up front to estimate from: one layer, or two adjacent layers that
-    differ (what their boundary costs). Two identical layers' boundary is learned from the
-    fitted model instead; such a pair is measured only if a plan that could be best has it."""
+    """A stage measured up front to estimate from: one layer, or, on the `REFERENCE`
+    submesh and config, two adjacent layers that differ (what their boundary costs).
+    Elsewhere a boundary is the reference's, scaled by what the two layers cost there and
+    here (`StageEstimator.raw`), and two identical layers' boundary is learned from the
+    fitted model; such a pair is measured only if a plan that could be best has it."""
     a, b = key[0], key[1]
-    return a == b or (b == a + 1 and layer_classes[a] != layer_classes[b])
+    if a == b:
+        return True
+    return b == a + 1 and layer_classes[a] != layer_classes[b] and key[2:] == REFERENCE
 
 
 def layer_profile_keys(
@@ -76,12 +83,13 @@ def with_layer_profiles(
     whole-model stages are the only plans).
 
     A submesh using every device holds only the whole model (Alpa's rule), so it has no
-    layer profiles of its own. Where measuring its distinct layers and adjacent pairs
-    compiles fewer layers than the whole model, they are added (no plan uses them but the
-    one-stage plan's estimate). Otherwise its whole-model stages are estimated by scaling
-    the fastest whole-model stage on a smaller submesh (`planner.estimate_table`: perfect
-    scaling times the shortfall measured, else the shortfall of the step below): they are
-    measured when a plan that could be best holds one."""
+    layer profiles of its own. Where its distinct layers and adjacent pairs would compile
+    fewer layers than the whole model, its layers are added (their boundaries are the
+    `REFERENCE`'s; no plan uses them but the one-stage plan's estimate). Otherwise its
+    whole-model stages are estimated by scaling the fastest whole-model stage on a smaller
+    submesh (`planner.estimate_table`: perfect scaling times the shortfall measured, else
+    the shortfall of the step below): they are measured when a plan that could be best
+    holds one."""
     num_layers = len(layer_fingerprints)
     singles = len(set(layer_fingerprints))
     pairs = len(
@@ -130,6 +138,21 @@ class Quantities:
         sizes = {k: self.sizes[k] + sign * other.sizes[k] for k in self.sizes}
         return Quantities(times, self.peak + sign * other.peak, sizes)
 
+    def scaled(self, here: "Quantities", there: "Quantities") -> "Quantities":
+        """Each quantity times `here / there` of that quantity (unchanged where `there`
+        is not positive)."""
+
+        def ratio(a: float, b: float) -> float:
+            return a / b if b > 0 else 1.0
+
+        times = {
+            k: v * ratio(here.times[k], there.times[k])
+            for k, v in self.times.items()
+            if k in here.times and k in there.times
+        }
+        sizes = {k: v * ratio(here.sizes[k], there.sizes[k]) for k, v in self.sizes.items()}
+        return Quantities(times, self.peak * ratio(here.peak, there.peak), sizes)
+
 
 @dataclass
 class StageEstimator:
@@ -151,6 +174,8 @@ class StageEstimator:
 
     def add(self, key: Key, result: StageProfileResult, prior: bool = False) -> None:
         (self.priors if prior else self.results)[key] = result
+        if key[2:] == REFERENCE:
+            self._fits.clear()  # the other fits may borrow its overhead
         for kind in TIMED:
             self._fits.pop((key[2], key[3], kind), None)
 
@@ -162,10 +187,25 @@ class StageEstimator:
 
     def _fit(self, m: int, c: int, kind: ModuleKind) -> NDArray[np.float64] | None:
         """The time model of one module on submesh `m`, config `c`, fitted to its layer
-        profiles (planner.time_model)."""
+        profiles (planner.time_model). Where they are all one layer, the per-call overhead
+        comes from the `REFERENCE`'s fit (`time_model.fit_singles`)."""
         cached = (m, c, kind)
         if cached in self._fits:
             return self._fits[cached]
+        rows = self._rows(m, c, kind)
+        num_classes = max(self.layer_classes, default=-1) + 1
+        coef = None
+        if (m, c) != REFERENCE and not time_model.spans_layers(rows):
+            reference = self._fit(*REFERENCE, kind)
+            if reference is not None and time_model.spans_layers(self._rows(*REFERENCE, kind)):
+                coef = time_model.fit_singles(rows, self.layer_classes, num_classes, reference)
+        if coef is None:
+            coef = time_model.fit(rows, self.layer_classes, num_classes)
+        self._fits[cached] = coef
+        return coef
+
+    def _rows(self, m: int, c: int, kind: ModuleKind) -> list[tuple[int, int, float]]:
+        """(start, end, seconds) of the module in every ok layer profile of `m`, `c`."""
         rows = []
         for key, result in self.profiles().items():
             if key[2:] != (m, c) or not result.ok:
@@ -173,10 +213,7 @@ class StageEstimator:
             module = result.module(kind)
             if module is not None:
                 rows.append((key[0], key[1], module.compute_cost))
-        num_classes = max(self.layer_classes, default=-1) + 1
-        coef = time_model.fit(rows, self.layer_classes, num_classes)
-        self._fits[cached] = coef
-        return coef
+        return rows
 
     def modelled_time(self, key: Key, kind: ModuleKind) -> float:
         """The module's time of the stage from its layer profiles alone (NaN: cannot)."""
@@ -248,15 +285,32 @@ class StageEstimator:
                 return None
             total = one if total is None else total.combine(one, 1.0)
         for k in range(a, b):
-            pair = self._ok((k, k + 1, m, c))
             left, right = self._ok((k, k, m, c)), self._ok((k + 1, k + 1, m, c))
-            if pair is None and self.layer_classes[k] == self.layer_classes[k + 1]:
+            if self.layer_classes[k] == self.layer_classes[k + 1] and (
+                self._ok((k, k + 1, m, c)) is None
+            ):
                 continue  # identical layers: sizes add, times come from the fitted model
+            pair = self.pair(k, m, c)
             if pair is None or left is None or right is None:
                 return None
             assert total is not None
             total = total.combine(pair, 1.0).combine(left, -1.0).combine(right, -1.0)
         return total
+
+    def pair(self, k: int, m: int, c: int) -> Quantities | None:
+        """Layers k and k + 1 as one stage on `m`, `c`: measured, else the two layers plus
+        the boundary the `REFERENCE` measured between them, each quantity scaled by what the
+        two layers are here against there; None when neither can be had."""
+        measured = self._ok((k, k + 1, m, c))
+        if measured is not None:
+            return measured
+        left, right = self._ok((k, k, m, c)), self._ok((k + 1, k + 1, m, c))
+        pair = self._ok((k, k + 1, *REFERENCE))
+        ref_left, ref_right = self._ok((k, k, *REFERENCE)), self._ok((k + 1, k + 1, *REFERENCE))
+        if left is None or right is None or pair is None or ref_left is None or ref_right is None:
+            return None
+        here, there = left.combine(right, 1.0), ref_left.combine(ref_right, 1.0)
+        return here.combine(pair.combine(there, -1.0).scaled(here, there), 1.0)
 
     def _ok(self, key: Key) -> Quantities | None:
         result = self.results.get(key, self.priors.get(key))

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.estimate import StageEstimator
+from planner.estimate import Quantities, StageEstimator
 from planner.estimate_result import estimated_result
 from planner.table import CostTable, Key
 from schemas import (
@@ -279,6 +279,8 @@ def _mesh_estimates(
         return None
     classes = np.asarray(estimator.layer_classes)
     same = classes[:-1] == classes[1:]
+    for k in np.flatnonzero(~same & np.isnan(pairs["forward"])):
+        _put(pairs, int(k), estimator.pair(int(k), m, c))  # the reference's boundary
     out: dict[str, FloatArray] = {}
     valid = ~np.isnan(_additive(singles["forward"], pairs["forward"], same))
     for name, kind in MODULES.items():
@@ -295,6 +297,17 @@ def _mesh_estimates(
     for name in SIZE_FIELDS:
         out[name] = np.maximum(_additive(singles[name], pairs[name], same), 0.0)
     return out
+
+
+def _put(arrays: dict[str, FloatArray], k: int, q: Quantities | None) -> None:
+    """Entry `k` of every array from `q` (left NaN where `q` lacks a value)."""
+    if q is None:
+        return
+    for name, kind in MODULES.items():
+        arrays[name][k] = q.times.get(kind, np.nan)
+    arrays["peak"][k] = q.peak
+    for name in SIZE_FIELDS:
+        arrays[name][k] = q.sizes[name]
 
 
 def _modelled(coef: FloatArray, classes: Sequence[int], num_layers: int) -> FloatArray:

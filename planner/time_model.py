@@ -64,3 +64,42 @@ def predict(coef: NDArray[np.float64], classes: Sequence[int], start: int, end: 
     if np.isnan(mu[counts > 0]).any():
         return float("nan")
     return float(coef[0] + counts[counts > 0] @ mu[counts > 0])
+
+
+def spans_layers(rows: Iterable[tuple[int, int, float]]) -> bool:
+    """Whether some measured stage holds more than one layer: only then does the fit tell
+    the per-call overhead from the layers' times."""
+    return any(b > a for a, b, t in rows if t > 0 and np.isfinite(t))
+
+
+def fit_singles(
+    rows: Iterable[tuple[int, int, float]],
+    classes: Sequence[int],
+    num_classes: int,
+    reference: NDArray[np.float64],
+) -> NDArray[np.float64] | None:
+    """`[o, μ...]` from one-layer stages only, given `reference`, a fit on another submesh
+    or config that measured longer stages. The overhead is the larger of the reference's
+    and its share of each layer's time there applied to the time here (at most the fastest
+    layer's time): a larger overhead only lowers the estimate of a longer stage, so the
+    guess errs towards the optimistic bound a search verifies. None when no measured class
+    is in the reference."""
+    times: dict[int, list[float]] = {}
+    for a, b, t in rows:
+        if a == b and t > 0 and np.isfinite(t):
+            times.setdefault(classes[a], []).append(t)
+    own = {k: float(np.median(v)) for k, v in times.items()}
+    o_ref = reference[0]
+    shares = [
+        o_ref / (o_ref + reference[1 + k]) * t
+        for k, t in own.items()
+        if np.isfinite(reference[1 + k]) and o_ref + reference[1 + k] > 0
+    ]
+    if not shares or not np.isfinite(o_ref):
+        return None
+    overhead = min(max(float(o_ref), float(np.mean(shares))), min(own.values()))
+    coef = np.full(num_classes + 1, np.nan)
+    coef[0] = overhead
+    for k, t in own.items():
+        coef[1 + k] = t - overhead
+    return coef

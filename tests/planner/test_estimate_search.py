@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
-from planner.estimate import StageEstimator, is_layer_profile, is_profiled
+from planner.estimate import REFERENCE, StageEstimator, is_layer_profile, is_profiled
 from planner.table import Key
 from planner.time_model import fit, predict
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
@@ -157,10 +157,9 @@ def test_layer_profiles_are_added_on_the_whole_cluster_only_where_cheaper() -> N
     more, scaled, _ = with_layer_profiles(space, long)
     added = {k.as_tuple() for k in more.keys} - {k.as_tuple() for k in space.keys}
     assert not scaled and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
-    # every single and the two pairs of differing layers (embed-block, block-head)
-    assert sorted((k[0], k[1]) for k in added) == sorted(
-        [(i, i) for i in range(18)] + [(0, 1), (16, 17)]
-    )
+    # every single; the boundaries of differing layers are the reference's (1 device)
+    assert sorted((k[0], k[1]) for k in added) == [(i, i) for i in range(18)]
+    assert {(0, 1, *REFERENCE), (16, 17, *REFERENCE)} <= {k.as_tuple() for k in more.keys}
 
 
 def test_estimates_add_sizes_exactly() -> None:
