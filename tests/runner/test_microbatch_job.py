@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from client.symbolic_batch import build_zoo_symbolic
+from planner.estimate import is_profiled
 from programs import spec_at_batch
 from schemas import ClusterSpec, JobStatus, ModelSpec, Plan
 from store import JobCandidateRow, StageProfileRow, get_job, session_scope
@@ -101,21 +102,28 @@ def test_one_job_searches_every_count_on_one_pool(
     ]
 
 
-def _layer_profiles(sessions: sessionmaker[Session], job_id: str) -> dict[int, tuple[int, int]]:
+def _layer_profiles(
+    sessions: sessionmaker[Session], job_id: str, spec: ModelSpec
+) -> dict[int, tuple[int, int]]:
     """Per micro-batch size: (layer-profile stages measured, layer-profile stages), distinct
-    fingerprints of one or two layers."""
+    fingerprints of the stages a search measures up front (`planner.estimate.is_profiled`)."""
+    classes = [x.fingerprint for x in spec.layers]
     with session_scope(sessions) as s:
         rows = s.execute(
             select(
                 JobCandidateRow.micro_batch_size,
                 JobCandidateRow.fingerprint,
                 JobCandidateRow.profile_id,
-            ).where(
-                JobCandidateRow.job_id == job_id, JobCandidateRow.end - JobCandidateRow.start <= 1
-            )
+                JobCandidateRow.start,
+                JobCandidateRow.end,
+                JobCandidateRow.submesh_id,
+                JobCandidateRow.config_id,
+            ).where(JobCandidateRow.job_id == job_id)
         ).all()
     out: dict[int, tuple[set[str], set[str]]] = {}
-    for size, fp, profile in rows:
+    for size, fp, profile, start, end, submesh, config in rows:
+        if not is_profiled((start, end, submesh, config), classes):
+            continue
         measured, every = out.setdefault(int(size), (set(), set()))
         every.add(fp)
         if profile is not None:
@@ -139,7 +147,7 @@ def test_a_count_between_two_sizes_starts_from_interpolated_layer_profiles(
     assert outcome.status == JobStatus.done and outcome.plan is not None, outcome.error
     plan = outcome.plan
     assert plan.stages and all(st.measured for st in [*plan.stages, *plan.outside])
-    profiles = _layer_profiles(sessions, job_id)
+    profiles = _layer_profiles(sessions, job_id, symbolic)
     assert set(profiles) == {4, 2, 1}
     for size in (4, 1):  # the ends: every layer profile measured
         assert profiles[size][0] == profiles[size][1] > 0, profiles
