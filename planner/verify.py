@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.candidates import CandidateSpace
-from planner.estimate import StageEstimator, is_profiled, relative_error
+from planner.estimate import REFERENCE, StageEstimator, is_profiled, relative_error
 from planner.estimate_table import EstimatedTable, estimated_table
 from planner.outside import search_with_outside
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
@@ -229,6 +229,12 @@ class EstimateSearch:
             self.stopped = f"stopped after {MAX_ROUNDS} rounds"
             return []
         self.rounds += 1
+        own_pairs = self._pairs_without_reference()
+        if own_pairs:
+            logger.info(
+                "round %d: %d pairs the reference failed, measured", self.rounds, len(own_pairs)
+            )
+            return own_pairs
         point = self.point_table()
         optimistic = self.optimistic_table(point)
         ranked = self.proposals(optimistic)
@@ -265,6 +271,25 @@ class EstimateSearch:
             self.band(),
         )
         return wanted
+
+    def _pairs_without_reference(self) -> list[Key]:
+        """The unmeasured adjacent pairs of every submesh and config at a boundary whose
+        pair failed on the `REFERENCE` (two layers that do not fit one device): with no
+        boundary to borrow, each measures its own, as every pair was before."""
+        failed = {
+            k[0]
+            for k, r in self.measured.items()
+            if k[2:] == REFERENCE and k[1] == k[0] + 1 and not r.ok
+        }
+        classes = self.estimator.layer_classes
+        return sorted(
+            k
+            for k in self.candidates()
+            if k[0] in failed
+            and k[1] == k[0] + 1
+            and classes[k[0]] != classes[k[1]]
+            and k not in self.measured
+        )
 
     def _to_verify(self, ranked: Sequence[tuple[float, list[Key], list[Key]]]) -> list[Key]:
         """The unmeasured stages of the fastest plan of `ranked` (time, stages, the stages

@@ -11,9 +11,19 @@ import math
 import numpy as np
 import pytest
 
+from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
 from planner.estimate import REFERENCE, is_profiled
 from planner.time_model import fit_singles, predict
-from tests.planner.test_estimate_search import CLASSES, _run
+from schemas import ProfileStatus
+from tests.planner.test_estimate_search import (
+    CLASSES,
+    CLUSTER,
+    _options,
+    _run,
+    _spec,
+    _truth,
+)
+from tests.support.profiles import fake_profile
 
 OVERHEAD = 0.15  # the reference's fitted overhead in the unit tests of `fit_singles`
 
@@ -86,3 +96,33 @@ def test_the_borrowed_overhead_is_the_larger_guess(here: list[float], overhead: 
         assert math.isclose(predict(coef, classes, k, k), here[k], rel_tol=1e-9)
     assert min(coef[1:]) >= 0
     assert fit_singles([], classes, 2, reference) is None
+
+
+def test_a_pair_the_reference_cannot_hold_is_measured_on_every_submesh() -> None:
+    """The embed-block pair (and every longer stage holding it) runs out of memory on one
+    device: with no boundary to borrow there, that pair is measured on every other submesh
+    and config (as every pair was before), and the search still answers the optimum of the
+    whole true table."""
+    spec, options = _spec(), _options("1f1b")
+    space, scaled, _ = with_layer_profiles(
+        enumerate_candidates(spec, CLUSTER, options), [x.fingerprint for x in spec.layers]
+    )
+    devices = [m.num_devices for m in space.submeshes]
+    truth = {k.as_tuple(): _truth(k.as_tuple(), devices[k.submesh_id], {}) for k in space.keys}
+    failed = (0, 1, *REFERENCE)
+    for key in [k for k in truth if k[0] == 0 and k[1] >= 1 and k[2:] == REFERENCE]:
+        truth[key] = fake_profile(f"oom{key}", ProfileStatus.oom, num_layers=key[1] + 1)
+    search = EstimateSearch(spec, CLUSTER, options, space, frozenset(scaled))
+    for key in [k for k in truth if is_profiled(k, CLASSES)]:
+        search.add([key], truth[key])
+    first = search.next_round()
+    assert first == sorted(k for k in truth if k[:2] == (0, 1) and k != failed)
+    for key in first:
+        search.add([key], truth[key])
+    while keys := search.next_round():
+        for key in keys:
+            search.add([key], truth[key])
+    plan = search.plan()
+    reference = build_plan(spec, CLUSTER, options, search.space, truth)
+    assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)
+    assert all(s.measured for s in plan.stages)
