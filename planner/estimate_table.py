@@ -268,13 +268,7 @@ def _mesh_estimates(
     for key, result in estimator.profiles().items():
         if key[2:] != (m, c) or not result.ok:
             continue
-        target = singles if key[0] == key[1] else pairs
-        for name, kind in MODULES.items():
-            module = result.module(kind)
-            target[name][key[0]] = module.compute_cost if module is not None else np.nan
-        target["peak"][key[0]] = float(result.peak_memory)
-        for name in SIZE_FIELDS:
-            target[name][key[0]] = float(getattr(result, name))
+        _put(singles if key[0] == key[1] else pairs, key[0], Quantities.of(result))
     if np.isnan(singles["forward"]).all():
         return None
     classes = np.asarray(estimator.layer_classes)
