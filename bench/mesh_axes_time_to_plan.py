@@ -14,6 +14,9 @@ the bigger space. Runs, on one local Ray with the same actors, each on a fresh S
   `bench/time_to_plan.py`'s exhaustive side does (no reuse, no pruning, no compilation
   cache): the bigger space's exhaustive run does not finish here at 16 blocks. Its time per
   candidate times the 16-block candidate count is printed as an extrapolation, marked so.
+  With counts searched, the bigger space is (partition x config x count): the exhaustive side
+  is one job per count (the GPT traced at that count's micro-batch size, every candidate
+  measured), and its figures are their sums (`small-exhaustive`; each count's in the JSON).
 
 `--micro-batches` takes what `stageprof plan` takes (8, auto, 4,8,16,32): a search of counts
 is passed to the mesh-axes jobs as `microbatch_search` at `--global-batch` (default: 8
@@ -111,22 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         strategies=[s for s in args.strategies.split(",") if s],
         mesh_axes=[a for a in args.mesh_axes.split(",") if a],
     )
-    exhaustive = mesh.model_copy(update={"prune": False, "search": "exhaustive"})
     ours = RunnerConfig(num_workers=args.workers)
     setups: list[tuple[str, Any, Any, Any, str | None]] = [
         ("default", big, default, ours, None),
         ("mesh", big, mesh, ours, None),
     ]
     if not args.skip_exhaustive:
+        every = RunnerConfig(num_workers=args.workers, reuse_stages=False)
+        setups.append(("small-mesh", small, mesh, ours, None))
         setups += [
-            ("small-mesh", small, mesh, ours, None),
-            (
-                "small-exhaustive",
-                small,
-                exhaustive,
-                RunnerConfig(num_workers=args.workers, reuse_stages=False),
-                "off",
-            ),
+            (name, spec, options, every, "off")
+            for name, spec, options in exhaustive_jobs(args, small, mesh, widths)
         ]
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="stageprof-mesh-ttp-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -152,9 +150,78 @@ def main(argv: list[str] | None = None) -> int:
             if plan
             else set()
         )
+    if not args.skip_exhaustive:
+        figures["small-exhaustive"] = summed(
+            {k: v for k, v in figures.items() if k.startswith("small-exhaustive")}
+        )
     out = report(args, big, small, cluster, mesh, figures, widths)
     common.emit_json(out)
     return 0 if all(f["plan"] is not None for f in figures.values()) else 1
+
+
+def exhaustive_jobs(
+    args: argparse.Namespace, small: Any, mesh: Any, widths: dict[str, int]
+) -> list[tuple[str, Any, Any]]:
+    """The exhaustive side's jobs (no pruning, every candidate measured): one on `small`
+    with the mesh options; with counts searched, one per count, each on the GPT traced at
+    that count's micro-batch size (the exhaustive search plans one count per job)."""
+    from client import zoo
+
+    exhaustive = mesh.model_copy(update={"prune": False, "search": "exhaustive"})
+    if mesh.microbatch_search is None:
+        return [("small-exhaustive", small, exhaustive)]
+    batch = mesh.global_batch(small.micro_batch_size)
+    jobs = []
+    for count in mesh.microbatch_counts(small.micro_batch_size):
+        size = batch // count
+        spec = zoo.build("gpt", num_layers=args.small_layers, **(widths | {"batch_size": size}))
+        fixed = exhaustive.model_copy(update={"microbatch_search": None, "num_microbatches": count})
+        jobs.append((f"small-exhaustive@{count}", spec, fixed))
+    return jobs
+
+
+def summed(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The exhaustive side's figures over its jobs (one per count): counts and times
+    summed, the fastest count's plan."""
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    out: dict[str, Any] = {"jobs": sorted(parts)}
+    for key in ("candidates", "distinct_stages", "measured", "estimated", "wall_s"):
+        out[key] = round(sum(p.get(key) or 0 for p in parts.values()), 2)
+    out["breakdown"] = {
+        key: round(sum(p.get("breakdown", {}).get(key) or 0.0 for p in parts.values()), 3)
+        for key in ("compile_s", "timed_runs_s", "task_other_s", "idle_s")
+    }
+    loads = [p["load_avg"] for p in parts.values() if p.get("load_avg") is not None]
+    out["load_avg"] = round(sum(loads) / len(loads), 2) if loads else None
+    planned = {n: p for n, p in parts.items() if p.get("predicted_iteration_ms") is not None}
+    best = min(planned, key=lambda n: planned[n]["predicted_iteration_ms"], default=None)
+    out["predicted_iteration_ms"] = planned[best]["predicted_iteration_ms"] if best else None
+    out["configs"] = planned[best]["configs"] if best else []
+    out["best_job"] = best
+    out["plan"] = planned[best]["plan"] if best else None
+    out["error"] = "; ".join(f"{n}: {p['error']}" for n, p in parts.items() if p.get("error"))
+    return out
+
+
+def space_size(spec: Any, cluster: Any, options: Any) -> int:
+    """The candidates measuring every one would measure: with counts searched, those of
+    every count at its micro-batch size."""
+    from planner import enumerate_candidates
+    from programs import spec_at_batch
+
+    if options.microbatch_search is None:
+        return len(enumerate_candidates(spec, cluster, options).keys)
+    traced = spec.micro_batch_size
+    batch = options.global_batch(traced)
+    return sum(
+        len(
+            enumerate_candidates(
+                spec_at_batch(spec, batch // count), cluster, options.at_count(count, traced)
+            ).keys
+        )
+        for count in options.microbatch_counts(traced)
+    )
 
 
 def report(
@@ -168,8 +235,6 @@ def report(
 ) -> dict[str, Any]:
     """The side-by-side table and the JSON figures: the mesh/default ratio (target at most
     2x) and exhaustive/ours on the small GPT (target at least 30x)."""
-    from planner import enumerate_candidates
-
     out: dict[str, Any] = {
         "model": "gpt",
         "blocks": args.layers,
@@ -190,7 +255,7 @@ def report(
 
     out["mesh_over_default"] = ratio(get["mesh"], get["default"])  # target: <= 2
     out["small_exhaustive_over_mesh"] = ratio(exh, get["small-mesh"])  # target: >= 30
-    big_candidates = len(enumerate_candidates(big, cluster, mesh).keys)
+    big_candidates = space_size(big, cluster, mesh)
     if exh.get("wall_s") and exh.get("candidates") and get["mesh"].get("wall_s"):
         per_candidate = exh["wall_s"] / exh["candidates"]
         out["exhaustive_extrapolated_s"] = round(per_candidate * big_candidates, 1)

@@ -11,7 +11,10 @@ answer is the fastest count's plan in simulated time, the others shown beside it
 `MicrobatchSearch` runs one estimate search (`planner.verify`) per count, round by round; a
 count whose optimistic best (its estimates at the band's low end, with the provable bounds)
 is slower than a plan of measured stages another count already has stops asking for
-measurements: it cannot answer.
+measurements: it cannot answer. Until one count has such a plan, a count whose optimistic
+best is further than the band above the lowest count's waits (`deferred`): its stages are
+asked for only if the counts ahead of it leave it a chance, so the counts far behind are
+not measured in the first round only to be stopped in the second.
 """
 
 import logging
@@ -80,6 +83,8 @@ class MicrobatchSearch:
     # simulated time of a plan of measured stages only, per count that found one
     measured_best: dict[int, float] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
+    # counts that waited in the last round: their optimistic best, far above the lowest count's
+    deferred: set[int] = field(default_factory=set)
     rounds: int = 0
 
     def __post_init__(self) -> None:
@@ -118,7 +123,34 @@ class MicrobatchSearch:
                 self.dropped[b] = why
                 self.live.discard(b)
                 del wanted[b]
+        self._defer(wanted)
         return wanted
+
+    def _defer(self, wanted: dict[int, list[Key]]) -> None:
+        """Hold back from `wanted` the counts whose optimistic best is above the lowest
+        count's by more than that count's band; their searches take this round back (they
+        measured nothing) and ask again next round, judged against the plans measured by
+        then. Only delays: a held-back count is never stopped here."""
+        self.deferred = set()
+        lows = {b: self.searches[b].best_time for b in wanted}
+        known = {b: t for b, t in lows.items() if t is not None}
+        if len(known) < 2:
+            return
+        lead = min(known, key=lambda b: (known[b], b))
+        limit = known[lead] * (1.0 + self.searches[lead].band())
+        for b, low in known.items():
+            if low > limit:
+                logger.info(
+                    "%d micro-batches: waits: its best on estimates (%.6g s) is more than the "
+                    "band above that of %d micro-batches (%.6g s)",
+                    b,
+                    low,
+                    lead,
+                    known[lead],
+                )
+                self.deferred.add(b)
+                self.searches[b].rounds -= 1
+                del wanted[b]
 
     def plans(self) -> dict[int, CountPlan]:
         """Each count's plan (see `EstimateSearch.plan`), or why it has none."""
@@ -127,8 +159,13 @@ class MicrobatchSearch:
             try:
                 out[b] = search.plan()
             except NoFeasiblePlan as e:
-                out[b] = str(e)
+                out[b] = self.why_no_plan(b, e)
         return out
+
+    def why_no_plan(self, count: int, err: NoFeasiblePlan) -> str:
+        """Why `count` has no plan of measured stages: stopped early (`dropped`), or `err`."""
+        why = self.dropped.get(count)
+        return f"not measured further: {why}" if why else str(err)
 
     def plan(self) -> Plan:
         """The fastest count's plan (`choose_count`)."""

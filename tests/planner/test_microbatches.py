@@ -248,3 +248,60 @@ def test_counts_are_the_divisors_of_the_global_batch() -> None:
 def test_bad_microbatch_search_is_refused(body: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PlanOptions.model_validate(body)
+
+
+class _Scripted:
+    """An estimate search that answers a scripted series of rounds: each its optimistic best
+    and the stages it asks for (none: its best plan is measured, at that time). A round
+    taken back (`rounds` lowered) is answered again."""
+
+    def __init__(self, count: int, rounds: list[tuple[float, list]], band: float = 0.15):
+        self.options = PlanOptions(num_microbatches=count)
+        self.script = list(rounds)
+        self.rounds = 0
+        self.stopped = ""
+        self.best_time: float | None = None
+        self._band = band
+
+    def band(self) -> float:
+        return self._band
+
+    def next_round(self) -> list:
+        self.rounds += 1
+        self.best_time, keys = self.script[min(self.rounds, len(self.script)) - 1]
+        if not keys:
+            self.stopped = "the best plan is measured"
+            self.rounds -= 1
+        return list(keys)
+
+
+def test_a_count_far_behind_waits_and_is_stopped_without_measuring() -> None:
+    lead = _Scripted(8, [(1.0, [(0, 1, 0, 0)]), (1.1, [])])
+    behind = _Scripted(32, [(2.0, [(0, 3, 0, 0)])] * 3)
+    multi = MicrobatchSearch({8: lead, 32: behind}, 32)  # type: ignore[dict-item]
+    assert multi.next_round() == {8: [(0, 1, 0, 0)]}
+    assert multi.deferred == {32} and behind.rounds == 0  # it measured nothing
+    assert multi.next_round() == {}
+    assert 32 in multi.dropped and "slower than the measured plan of 8" in multi.dropped[32]
+    why = multi.why_no_plan(32, NoFeasiblePlan("no combination of measured stages"))
+    assert why.startswith("not measured further: its best on estimates (2 s) is slower")
+    assert multi.why_no_plan(8, NoFeasiblePlan("none fit")) == "none fit"
+
+
+def test_a_count_that_waited_is_measured_when_the_lead_turns_out_slower() -> None:
+    lead = _Scripted(8, [(1.0, [(0, 1, 0, 0)]), (2.5, [])])
+    behind = _Scripted(32, [(2.0, [(0, 3, 0, 0)]), (2.1, [])])
+    multi = MicrobatchSearch({8: lead, 32: behind}, 32)  # type: ignore[dict-item]
+    assert multi.next_round() == {8: [(0, 1, 0, 0)]}
+    assert multi.next_round() == {32: [(0, 3, 0, 0)]}  # 2.0 < the lead's measured 2.5
+    assert behind.rounds == 1 and not multi.deferred
+    assert multi.next_round() == {}
+    assert multi.measured_best == {8: 2.5, 32: 2.1} and not multi.dropped
+
+
+def test_counts_within_the_band_of_the_lowest_are_measured_together() -> None:
+    a = _Scripted(8, [(1.0, [(0, 1, 0, 0)]), (1.0, [])])
+    b = _Scripted(16, [(1.14, [(0, 2, 0, 0)]), (1.2, [])])
+    multi = MicrobatchSearch({8: a, 16: b}, 32)  # type: ignore[dict-item]
+    assert multi.next_round() == {8: [(0, 1, 0, 0)], 16: [(0, 2, 0, 0)]}
+    assert not multi.deferred

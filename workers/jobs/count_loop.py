@@ -190,7 +190,7 @@ class CountsLoop:
             try:
                 out[b] = loop.plan()
             except NoFeasiblePlan as err:
-                out[b] = str(err)
+                out[b] = self.search.why_no_plan(b, err)
         return out
 
     def plan(self) -> Plan:
