@@ -225,6 +225,27 @@ def test_nesting_and_switching_off(
         assert not c.quiet and not t.quiet
 
 
+def test_a_starting_actor_waits_for_another_process_s_timing(
+    lock_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor's start (importing jax and the measuring code, making its devices) is a
+    compile section: it never runs while another process times."""
+    import workers.measure.compile_cache as cache
+    from workers.cluster.host_group import HostWorker
+
+    monkeypatch.setattr(cache, "enable_compile_cache", lambda: None)  # this process's jax
+    proc = spawn(lock_env, "timing", 0.6)
+    start(proc, time.monotonic())
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    worker = object.__new__(HostWorker)  # the actor's body, outside Ray
+    worker.rank, worker.size, worker.use_gpus, worker.ident = 0, 1, False, "test"
+    info = worker.join(None)
+    joined = time.monotonic()
+    stdout, _ = proc.communicate(timeout=30)
+    ended = float(stdout.split()[-2])
+    assert joined >= ended and info["num_devices"] >= 1
+
+
 def test_clock_is_wall_unless_cpu_time_is_asked_for_on_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -80,12 +80,18 @@ class HostWorker:
 
     def join(self, coordinator: str | None) -> dict[str, Any]:
         """Turn the persistent compilation cache on (or off), join the group (a no-op for a
-        group of one), then report the devices."""
-        import jax
+        group of one), then report the devices. Importing jax and the measuring code and
+        making the devices run as a compile would (`compile_slot`): another actor's timing
+        waits for them, where a job's first groups measure while the later ones start."""
+        from workers.measure.quiet import compile_slot
 
-        from workers.measure.compile_cache import enable_compile_cache
+        with compile_slot(JOIN_TIMEOUT_S):
+            import jax
 
-        cache_dir = enable_compile_cache()
+            import workers.measure.stage  # noqa: F401  (what `measure` imports)
+            from workers.measure.compile_cache import enable_compile_cache
+
+            cache_dir = enable_compile_cache()
         if self.size > 1:
             _hold_join(coordinator or "", self.rank)
             if not self.use_gpus:
@@ -96,7 +102,8 @@ class HostWorker:
                 process_id=self.rank,
                 initialization_timeout=JOIN_TIMEOUT_S,
             )
-        devices = jax.devices()
+        with compile_slot(JOIN_TIMEOUT_S):
+            devices = jax.devices()
         return {
             "device_kind": devices[0].device_kind,
             "num_devices": len(devices),
