@@ -6,11 +6,13 @@ On one submesh and config, a module (forward, backward, ...) of layers a..b take
 
 where layers of equal fingerprint share a class (identical blocks cost the same) and `o` is
 what one call of a compiled program costs beyond its layers. The unknowns are fitted to
-every measured stage of that submesh and config (layer profiles first, longer stages as
-they arrive) by least squares on relative error, with no negative coefficient (an active
-set: a coefficient fitted negative is fixed at zero and the rest refitted). One and two
-layer stages alone determine it; longer stages correct what short ones mis-measure, and the
-fit never amplifies the noise of a single pair the way a pairwise difference does.
+the measured stages given (`planner.estimate` gives a submesh and config's layer profiles,
+its one- and two-layer stages; longer stages correct its estimates through a length law,
+not through this fit) by least squares on relative error, with no negative coefficient (an
+active set: a coefficient fitted negative is fixed at zero and the rest refitted). One and
+two layer stages alone determine it, and the fit never amplifies the noise of a single pair
+the way a pairwise difference does; a layer profile timed slow stays in every estimate
+made from it.
 """
 
 from collections.abc import Iterable, Sequence
