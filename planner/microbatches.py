@@ -11,10 +11,10 @@ answer is the fastest count's plan in simulated time, the others shown beside it
 `MicrobatchSearch` runs one estimate search (`planner.verify`) per count, round by round; a
 count whose optimistic best (its estimates at the band's low end, with the provable bounds)
 is slower than a plan of measured stages another count already has stops asking for
-measurements: it cannot answer. Until one count has such a plan, a count whose optimistic
-best is further than the band above the lowest count's waits (`deferred`): its stages are
-asked for only if the counts ahead of it leave it a chance, so the counts far behind are
-not measured in the first round only to be stopped in the second.
+measurements: it cannot answer. In each round, a count whose optimistic best is further than
+the band above the lowest asking count's waits (`deferred`): its stages are asked for only
+once the counts ahead of it leave it a chance, so a count far behind is not measured in the
+first round, before any count has a measured plan, only to be stopped in the second.
 """
 
 import logging
