@@ -170,13 +170,13 @@ def exhaustive_jobs(
     exhaustive = mesh.model_copy(update={"prune": False, "search": "exhaustive"})
     if mesh.microbatch_search is None:
         return [("small-exhaustive", small, exhaustive)]
-    batch = mesh.global_batch(small.micro_batch_size)
+    traced = small.micro_batch_size
+    batch = mesh.global_batch(traced)
     jobs = []
-    for count in mesh.microbatch_counts(small.micro_batch_size):
+    for count in mesh.microbatch_counts(traced):
         size = batch // count
         spec = zoo.build("gpt", num_layers=args.small_layers, **(widths | {"batch_size": size}))
-        fixed = exhaustive.model_copy(update={"microbatch_search": None, "num_microbatches": count})
-        jobs.append((f"small-exhaustive@{count}", spec, fixed))
+        jobs.append((f"small-exhaustive@{count}", spec, exhaustive.at_count(count, traced)))
     return jobs
 
 

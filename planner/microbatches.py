@@ -132,8 +132,7 @@ class MicrobatchSearch:
         measured nothing) and ask again next round, judged against the plans measured by
         then. Only delays: a held-back count is never stopped here."""
         self.deferred = set()
-        lows = {b: self.searches[b].best_time for b in wanted}
-        known = {b: t for b, t in lows.items() if t is not None}
+        known = {b: t for b in wanted if (t := self.searches[b].best_time) is not None}
         if len(known) < 2:
             return
         lead = min(known, key=lambda b: (known[b], b))
