@@ -10,8 +10,8 @@ from planner.choices import config_choices, logical_meshes, submesh_choices
 from planner.comm import boundary_bytes, transfer_seconds
 from planner.dp import DPResult, inference_dp, training_dp
 from planner.errors import NoFeasiblePlan
-from planner.estimate import (
-    StageEstimator,
+from planner.estimate import StageEstimator
+from planner.layer_profiles import (
     is_layer_profile,
     is_profiled,
     layer_profile_keys,

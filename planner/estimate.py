@@ -15,7 +15,8 @@ model instead (`planner.time_model`: a per-call overhead plus each layer's margi
 fitted to the layer profiles by least squares, which does not amplify timing noise the way
 pairwise differences do), times a length law `(n / 2)^γ` for a stage of n > 2 layers, with
 γ learned from the longer stages measured so far (what they cost beyond their layers:
-caches, memory traffic; 0 until one is measured).
+caches, memory traffic; in a job that searches counts of micro-batches, from those measured
+at the other counts' sizes until one is measured at this one's; 0 until one is measured).
 """
 
 import math
@@ -29,12 +30,9 @@ from numpy.typing import NDArray
 from planner import time_model
 from planner.candidates import CandidateSpace
 from planner.estimate_result import estimated_result
+from planner.layer_profiles import REFERENCE, is_layer_profile
 from planner.table import Key
-from schemas import (
-    ModuleKind,
-    StageKey,
-    StageProfileResult,
-)
+from schemas import ModuleKind, StageProfileResult
 
 TIMED = (
     ModuleKind.forward,
@@ -46,77 +44,6 @@ TIMED = (
 # The additive stage-level quantities (attribute names of StageProfileResult).
 SIZES = ("initial_var_size", "intermediate_size", "weight_stash_size", "flops")
 MAX_EXPONENT = 1.0  # the length law's |γ| at most
-# (submesh, config) whose adjacent pairs are measured up front: the space's first, the
-# smallest submesh, where a pair compiles fastest
-REFERENCE = (0, 0)
-
-
-def is_layer_profile(key: Key) -> bool:
-    """A stage of one layer or of two adjacent layers: what the estimates are made from."""
-    return key[1] - key[0] <= 1
-
-
-def is_profiled(key: Key, layer_classes: Sequence[int] | Sequence[str]) -> bool:
-    """A stage measured up front to estimate from: one layer, or, on the `REFERENCE`
-    submesh and config, two adjacent layers that differ (what their boundary costs).
-    Elsewhere a boundary is the reference's, scaled by what the two layers cost there and
-    here (`StageEstimator.raw`), and two identical layers' boundary is learned from the
-    fitted model; such a pair is measured only if a plan that could be best has it."""
-    a, b = key[0], key[1]
-    if a == b:
-        return True
-    return b == a + 1 and layer_classes[a] != layer_classes[b] and key[2:] == REFERENCE
-
-
-def layer_profile_keys(
-    space: CandidateSpace, layer_classes: Sequence[int] | Sequence[str]
-) -> list[Key]:
-    """The candidates measured up front (`is_profiled`), in the space's order."""
-    return [k.as_tuple() for k in space.keys if is_profiled(k.as_tuple(), layer_classes)]
-
-
-def with_layer_profiles(
-    space: CandidateSpace, layer_fingerprints: Sequence[str]
-) -> tuple[CandidateSpace, list[Key], list[Key]]:
-    """The space with the layer profiles its estimates need, the stages estimated by
-    scaling instead, and the stages to measure directly (a cluster of one submesh: its
-    whole-model stages are the only plans).
-
-    A submesh using every device holds only the whole model (Alpa's rule), so it has no
-    layer profiles of its own. Where its distinct layers and adjacent pairs would compile
-    fewer layers than the whole model, its layers are added (their boundaries are the
-    `REFERENCE`'s; no plan uses them but the one-stage plan's estimate). Otherwise its
-    whole-model stages are estimated by scaling the fastest whole-model stage on a smaller
-    submesh (`planner.estimate_table`: perfect scaling times the shortfall measured, else
-    the shortfall of the step below): they are measured when a plan that could be best
-    holds one."""
-    num_layers = len(layer_fingerprints)
-    singles = len(set(layer_fingerprints))
-    pairs = len(
-        {(a, b) for a, b in zip(layer_fingerprints, layer_fingerprints[1:], strict=False) if a != b}
-    )
-    keys = list(space.keys)
-    have = {k.as_tuple() for k in keys}
-    scaled: list[Key] = []
-    direct: list[Key] = []
-    for m in range(len(space.submeshes)):
-        own = [k for k in have if k[2] == m]
-        if not own or any(is_layer_profile(k) for k in own) or num_layers <= 2:
-            continue
-        whole = sorted(k for k in own if (k[0], k[1]) == (0, num_layers - 1))
-        if len(space.submeshes) == 1:
-            direct += whole
-            continue
-        if singles + 2 * pairs >= num_layers:
-            scaled += whole
-            continue
-        for c in range(len(space.configs[m])):
-            for a in range(num_layers):
-                for b in (a, a + 1):
-                    key = (a, b, m, c)
-                    if b < num_layers and key not in have and is_profiled(key, layer_fingerprints):
-                        keys.append(StageKey(start=a, end=b, submesh_id=m, config_id=c))
-    return CandidateSpace(space.submeshes, space.configs, keys), scaled, direct
 
 
 @dataclass(frozen=True)
@@ -171,6 +98,10 @@ class StageEstimator:
     _fits: dict[tuple[int, int, ModuleKind], NDArray[np.float64] | None] = field(
         default_factory=dict
     )
+    # the estimators of the same model at other micro-batch sizes (`planner.microbatches`):
+    # what longer stages cost beyond their layers is learned from theirs until this one has
+    # its own (`length_exponent`, and the search's band: `peer_errors`)
+    peers: list["StageEstimator"] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, key: Key, result: StageProfileResult, prior: bool = False) -> None:
         (self.priors if prior else self.results)[key] = result
@@ -224,10 +155,20 @@ class StageEstimator:
 
     def length_exponent(self, without: str | None = None) -> float:
         """γ of the length law `t = modelled × (n / 2)^γ` for a stage of n > 2 layers: the
-        median of log(measured / modelled) / log(n / 2) over the measured longer stages
-        (0 when none), each distinct stage once (`without`: leaving out the stage of that
-        fingerprint): what longer stages cost beyond their layers (caches, memory
-        traffic), learned as they are measured."""
+        median of `length_samples` (`without`: leaving out the stage of that fingerprint):
+        what longer stages cost beyond their layers (caches, memory traffic), learned as
+        they are measured. Until this estimator has one, the samples of its `peers` (the
+        same model at other micro-batch sizes); 0 when none has."""
+        samples = self.length_samples(without)
+        if not samples:
+            samples = [s for peer in self.peers for s in peer.length_samples()]
+        if not samples:
+            return 0.0
+        return min(MAX_EXPONENT, max(-MAX_EXPONENT, statistics.median(samples)))
+
+    def length_samples(self, without: str | None = None) -> list[float]:
+        """log(measured / modelled) / log(n / 2) of each distinct measured longer stage
+        (n > 2 layers, forward + backward), but the one of fingerprint `without`."""
         samples = []
         for key, result in self._longer_stages():
             n = key[1] - key[0] + 1
@@ -238,9 +179,7 @@ class StageEstimator:
             )
             if math.isfinite(modelled) and modelled > 0 and result.compute_cost > 0:
                 samples.append(math.log(result.compute_cost / modelled) / math.log(n / 2))
-        if not samples:
-            return 0.0
-        return min(MAX_EXPONENT, max(-MAX_EXPONENT, statistics.median(samples)))
+        return samples
 
     def _longer_stages(self) -> list[tuple[Key, StageProfileResult]]:
         """One key per distinct measured ok stage of more than two layers."""
@@ -273,6 +212,21 @@ class StageEstimator:
             if math.isfinite(error):
                 out.append(error)
         return out
+
+    def profiled(self, m: int, c: int) -> bool:
+        """Whether every layer class has an ok one-layer profile on submesh `m`, config `c`
+        (measured, or a prior): its stages can be estimated from them."""
+        have = {
+            self.layer_classes[k[0]]
+            for k, r in self.profiles().items()
+            if k[0] == k[1] and k[2:] == (m, c) and r.ok
+        }
+        return have == set(self.layer_classes)
+
+    def peer_errors(self) -> list[float]:
+        """The `held_out_errors` of every peer: how far estimates of the model's longer
+        stages missed at the other micro-batch sizes."""
+        return [e for peer in self.peers for e in peer.held_out_errors()]
 
     def raw(self, key: Key) -> Quantities | None:
         """The additive estimate before correction; None when a layer profile it needs is

@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 
 from planner.estimate import Quantities, StageEstimator
 from planner.estimate_result import estimated_result
+from planner.layer_profiles import is_layer_profile
 from planner.table import CostTable, Key
 from schemas import (
     ModuleKind,
@@ -84,7 +85,8 @@ def estimated_table(
     nearest smaller submesh size, perfectly scaled (its times and memory times d / D for d
     of its devices and D of every device), the times then multiplied by the shortfall from
     perfect scaling (`scaling_shortfall`: what the measured ones showed, else the step
-    below)."""
+    below); a whole-model stage whose config's layers were measured on demand
+    (`planner.layer_profiles.on_demand_profiles`) from them instead."""
     arrays = {
         name: np.array(getattr(measured, name))
         for name in (
@@ -106,12 +108,16 @@ def estimated_table(
     length = (n[None, :] - n[:, None] + 1).astype(np.float64)
     law = np.where(length > 2, (np.maximum(length, 2) / 2) ** gamma, 1.0)
     known = {k for k in estimator.results}
+    # a whole-model stage whose layers were measured on demand is estimated from them
+    by_scaling = frozenset(
+        k for k in scaled if is_layer_profile(k) or not estimator.profiled(k[2], k[3])
+    )
     estimated: set[Key] = set()
     results: dict[Key, StageProfileResult] = dict(measured.results)
     lazy: dict[Key, tuple[int, int]] = {}
     mesh_of: dict[tuple[int, int], dict[str, FloatArray]] = {}
     for m, c in sorted({(k[2], k[3]) for k in candidates}):
-        wanted = [k for k in candidates if k[2:] == (m, c) and k not in known | scaled]
+        wanted = [k for k in candidates if k[2:] == (m, c) and k not in known | by_scaling]
         if not wanted:
             continue
         est = _mesh_estimates(estimator, m, c, num_layers, law, corrections)
@@ -137,12 +143,12 @@ def estimated_table(
             estimated.add(key)
             lazy[key] = (m, c)
     shortfall = scaling_shortfall(arrays, scaled, estimator)
-    for key in sorted(scaled - known):
+    for key in sorted(by_scaling - known):
         if _scale_into(arrays, key, estimator, shortfall):
             estimated.add(key)
     table = dataclasses.replace(
         measured,
-        results=_LazyResults(results, lazy, mesh_of, estimator, scaled - known),
+        results=_LazyResults(results, lazy, mesh_of, estimator, by_scaling - known),
         forward=arrays["forward"],
         backward=arrays["backward"],
         input_grad=arrays["input_grad"],

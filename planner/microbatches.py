@@ -15,6 +15,13 @@ measurements: it cannot answer. In each round, a count whose optimistic best is 
 the band above the lowest asking count's waits (`deferred`): its stages are asked for only
 once the counts ahead of it leave it a chance, so a count far behind is not measured in the
 first round, before any count has a measured plan, only to be stopped in the second.
+
+The counts calibrate one another: what longer stages cost beyond their layers (the length
+law) and how far the estimates missed (the band) are learned at every count's size, and a
+count with no longer stage measured yet uses the others' (`StageEstimator.peers`). So while
+no count has one, only the lowest count asks (the others wait): its measured stages then
+correct every count's estimates, and a count whose corrected optimistic best is slower than
+its measured plan stops without being measured at all.
 """
 
 import logging
@@ -92,6 +99,13 @@ class MicrobatchSearch:
             if search.options.num_microbatches != b:
                 raise ValueError(f"the search of {b} micro-batches plans {search.options}")
         self.live = set(self.searches)
+        for b, search in self.searches.items():
+            search.estimator.peers = [s.estimator for c, s in self.searches.items() if c != b]
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether some count has a longer stage measured (see the module doc)."""
+        return any(s.estimator.length_samples() for s in self.searches.values())
 
     def add(self, count: int, keys: list[Key], result: StageProfileResult) -> None:
         """A result measured at count `count`'s micro-batch size."""
@@ -128,28 +142,36 @@ class MicrobatchSearch:
 
     def _defer(self, wanted: dict[int, list[Key]]) -> None:
         """Hold back from `wanted` the counts whose optimistic best is above the lowest
-        count's by more than that count's band; their searches take this round back (they
-        measured nothing) and ask again next round, judged against the plans measured by
-        then. Only delays: a held-back count is never stopped here."""
+        count's by more than that count's band, and, while no count is `calibrated`, every
+        count but the lowest; their searches take this round back (they measured nothing)
+        and ask again next round, judged against the plans measured by then. Only delays: a
+        held-back count is never stopped here."""
         self.deferred = set()
         known = {b: t for b in wanted if (t := self.searches[b].best_time) is not None}
         if len(known) < 2:
             return
         lead = min(known, key=lambda b: (known[b], b))
         limit = known[lead] * (1.0 + self.searches[lead].band())
+        calibrated = self.calibrated
         for b, low in known.items():
+            if b == lead:
+                continue
             if low > limit:
-                logger.info(
-                    "%d micro-batches: waits: its best on estimates (%.6g s) is more than the "
-                    "band above that of %d micro-batches (%.6g s)",
-                    b,
-                    low,
-                    lead,
-                    known[lead],
-                )
-                self.deferred.add(b)
-                self.searches[b].rounds -= 1
-                del wanted[b]
+                why = f"is more than the band above that of {lead} micro-batches"
+            elif not calibrated:
+                why = f"is above that of {lead} micro-batches, measured first to calibrate"
+            else:
+                continue
+            logger.info(
+                "%d micro-batches: waits: its best on estimates (%.6g s) %s (%.6g s)",
+                b,
+                low,
+                why,
+                known[lead],
+            )
+            self.deferred.add(b)
+            self.searches[b].rounds -= 1
+            del wanted[b]
 
     def plans(self) -> dict[int, CountPlan]:
         """Each count's plan (see `EstimateSearch.plan`), or why it has none."""

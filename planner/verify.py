@@ -9,9 +9,10 @@ plan (and of the plans within the band of it) are what to measure next.
 
 The band is learned in the job: the relative errors |estimate - measured| / measured of the
 measured longer stages, each estimated from every other measurement (held out); the band is
-their upper quartile (a prior until three are known), never under `MIN_BAND`. The error the
-job reports is the honest one: each stage's estimate when it was chosen, against its
-measurement.
+their upper quartile (with the other counts' while fewer than three are known, in a job that
+searches counts of micro-batches; a prior until three are known), never under `MIN_BAND`.
+The error the job reports is the honest one: each stage's estimate when it was chosen,
+against its measurement.
 """
 
 import dataclasses
@@ -24,8 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.candidates import CandidateSpace
-from planner.estimate import REFERENCE, StageEstimator, is_profiled, relative_error
+from planner.estimate import StageEstimator, relative_error
 from planner.estimate_table import EstimatedTable, estimated_table
+from planner.layer_profiles import REFERENCE, is_profiled, on_demand_profiles
 from planner.outside import search_with_outside
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
@@ -131,11 +133,18 @@ class EstimateSearch:
     def band(self) -> float:
         """How far below its estimate an unmeasured stage may be: the upper quartile of the
         held-out errors of the measured longer stages (each estimated from all the others),
-        the prior until three are known, never under MIN_BAND; at least the upper quartile
-        of the `prior_errors` once three are known."""
+        never under MIN_BAND; until three are known, of those with the other counts' (the
+        estimator's `peer_errors`: the same estimates at other micro-batch sizes) and at
+        least its own worst, and while fewer than three are known in all, the prior or its
+        own worst; at least the upper quartile of the `prior_errors` once three are known."""
         errors = self.estimator.held_out_errors()
         if len(errors) < 3:
-            band = max(PRIOR_BAND, max(errors, default=0.0))
+            pooled = errors + self.estimator.peer_errors()
+            if len(pooled) < 3:
+                band = max(PRIOR_BAND, max(errors, default=0.0))
+            else:
+                quartile = float(np.quantile(pooled, 0.75))
+                band = max(MIN_BAND, quartile, max(errors, default=0.0))
         else:
             band = max(MIN_BAND, float(np.quantile(errors, 0.75)))
         priors = list(self.prior_errors.values())
@@ -321,9 +330,19 @@ class EstimateSearch:
 
     def _unmeasured(self, keys: Iterable[Key], split: Iterable[Key] = ()) -> list[Key]:
         """The stages of `keys` not measured, and those of `split` measured without the
-        split (`needs_split`)."""
+        split (`needs_split`); for a scaled whole-model stage with layers to measure on
+        demand (`on_demand_profiles`), those of its layers not measured instead."""
         needs = {k for k in split if self.needs_split(k)}
-        return [k for k in keys if k not in self.measured or k in needs]
+        out: list[Key] = []
+        for key in keys:
+            if key in self.measured and key not in needs:
+                continue
+            layers = []
+            if key in self.scaled:
+                layers = on_demand_profiles(key, self.candidates(), self.scaled)
+            first = [k for k in layers if k not in self.measured]
+            out += [k for k in first or [key] if k not in out]
+        return out
 
     def plan(self) -> Plan:
         """The plan: the fastest of measured stages; baselines and runner-up may hold

@@ -12,7 +12,7 @@ micro-batch shapes) therefore differs between sizes.
 import base64
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
@@ -27,10 +27,14 @@ from programs.strip import strip_locations
 from schemas import LayerSpec, ModelSpec, VarSpec
 
 
-def spec_at_batch(spec: ModelSpec, size: int) -> ModelSpec:
+def spec_at_batch(spec: ModelSpec, size: int, variants: Collection[str] | None = None) -> ModelSpec:
     """`spec` stated at micro-batch `size`, its programs concrete (`symbolic_batch` null). A
-    spec without a symbolic batch is only stated at its own size (itself). Raises ValueError
-    when the spec has no symbolic batch dimension or a program rejects the size."""
+    spec without a symbolic batch is only stated at its own size (itself). `variants`: the
+    remat variants to state too (default: all; the others are dropped: each costs an export
+    of its programs, and a layer's fingerprint does not read them). Raises ValueError when
+    the spec has no symbolic batch dimension or a program rejects the size."""
+    if variants is not None:
+        spec = _keeping(spec, set(variants))
     poly = spec.symbolic_batch
     if poly is None and size == spec.micro_batch_size:
         return spec
@@ -51,10 +55,10 @@ def spec_at_batch(spec: ModelSpec, size: int) -> ModelSpec:
         ins = [env[v.name] for v in layer.inputs]
         outs, residuals = _forward_shapes(layer, layer.forward, ins)
         env.update((v.name, v) for v in outs)
-        variants = {}
+        restated = {}
         for name, variant in layer.remat_variants.items():
             _, variant_res = _forward_shapes(layer, variant.forward, ins)
-            variants[name] = variant.model_copy(
+            restated[name] = variant.model_copy(
                 update={
                     "residuals": variant_res,
                     "backward_flops": at(variant.backward_flops, probe.variants.get(name, 0.0)),
@@ -67,13 +71,24 @@ def spec_at_batch(spec: ModelSpec, size: int) -> ModelSpec:
             "flops": at(layer.flops, probe.forward),
             "backward_flops": at(layer.backward_flops, probe.backward),
         }
-        if variants:
-            update["remat_variants"] = variants
+        if restated:
+            update["remat_variants"] = restated
         layers.append(layer.model_copy(update=update))
     at_size = spec.model_copy(
         update={"inputs": inputs, "layers": [_concrete(x) for x in layers], "symbolic_batch": None}
     )
     return with_fingerprints(at_size)
+
+
+def _keeping(spec: ModelSpec, variants: set[str]) -> ModelSpec:
+    """`spec` with only the remat variants named in `variants`."""
+    layers = [
+        x.model_copy(
+            update={"remat_variants": {n: v for n, v in x.remat_variants.items() if n in variants}}
+        )
+        for x in spec.layers
+    ]
+    return spec.model_copy(update={"layers": layers})
 
 
 def _concrete(layer: LayerSpec) -> LayerSpec:

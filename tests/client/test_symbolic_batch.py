@@ -107,6 +107,26 @@ def test_stage_fingerprints_differ_between_sizes(symbolic: ModelSpec) -> None:
     assert len(set(fps.values())) == 3
 
 
+def test_only_the_variants_asked_for_are_stated_and_fingerprints_do_not_change(
+    symbolic: ModelSpec,
+) -> None:
+    every = spec_at_batch(symbolic, 6)
+    plain = spec_at_batch(symbolic, 6, variants=["as_written"])
+    kept = spec_at_batch(symbolic, 6, variants=["as_written", "full"])
+    assert any(x.remat_variants for x in every.layers)
+    assert not any(x.remat_variants for x in plain.layers)
+    assert [x.remat_variants for x in kept.layers] == [x.remat_variants for x in every.layers]
+    assert [x.fingerprint for x in plain.layers] == [x.fingerprint for x in every.layers]
+    one = SubmeshShape(hosts=1, devices_per_host=1)
+    config = ShardingConfig(logical_mesh=(1, 1), strategy="data")
+    fps = {
+        stage_fingerprint(spec, 0, 2, one, config, "cpu", "x", PlanOptions())
+        for spec in (every, plain)
+    }
+    assert len(fps) == 1
+    assert check_programs(plain) == []
+
+
 def test_a_size_the_model_refuses_and_a_spec_without_symbolic_batch() -> None:
     plain = _traced(2, symbolic=False)
     assert spec_at_batch(plain, 2) is plain

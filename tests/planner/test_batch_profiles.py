@@ -17,7 +17,7 @@ from planner.batch_profiles import (
     interpolated_profile,
     stage_ident,
 )
-from planner.estimate import is_profiled, with_layer_profiles
+from planner.layer_profiles import is_profiled, with_layer_profiles
 from planner.microbatches import MicrobatchSearch
 from schemas import ModuleKind, ProfileStatus, StageProfileResult
 from tests.planner import test_microbatches

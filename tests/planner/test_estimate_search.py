@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
-from planner.estimate import REFERENCE, StageEstimator, is_layer_profile, is_profiled
+from planner.estimate import StageEstimator
+from planner.layer_profiles import REFERENCE, is_layer_profile, layer_profile_keys
 from planner.table import Key
 from planner.time_model import fit, predict
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
@@ -81,7 +82,7 @@ def _run(
         for k in space.keys
     }
     search = EstimateSearch(spec, CLUSTER, options, space, frozenset(scaled))
-    for key in [k for k in truth if is_profiled(k, classes)]:
+    for key in layer_profile_keys(space, classes, scaled):
         search.add([key], truth[key])
     rounds = []
     while keys := search.next_round():
@@ -156,14 +157,26 @@ def test_layer_profiles_are_added_on_the_whole_cluster_only_where_cheaper() -> N
     space = enumerate_candidates(_spec(long), CLUSTER, _options())
     more, scaled, _ = with_layer_profiles(space, long)
     added = {k.as_tuple() for k in more.keys} - {k.as_tuple() for k in space.keys}
-    assert not scaled and added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
+    assert added and all(k[2] == whole[0] and is_layer_profile(k) for k in added)
     # every single; the boundaries of differing layers are the reference's (1 device)
     assert sorted((k[0], k[1]) for k in added) == [(i, i) for i in range(18)]
+    # the whole model scaled, and its layers too until measured on demand
+    assert sorted(scaled) == sorted([(0, 17, whole[0], 0), *added])
     assert {(0, 1, *REFERENCE), (16, 17, *REFERENCE)} <= {k.as_tuple() for k in more.keys}
+
+
+def _measure_on_demand_profiles(search: EstimateSearch, truth: dict) -> None:
+    """Measure the whole cluster's layer profiles the search left to measure on demand:
+    its whole-model stages are then estimated from them, like every other stage."""
+    lazy = [k for k in search.scaled if is_layer_profile(k) and k not in search.measured]
+    assert lazy
+    for key in lazy:
+        search.add([key], truth[key])
 
 
 def test_estimates_add_sizes_exactly() -> None:
     search, truth, _ = _run("1f1b")
+    _measure_on_demand_profiles(search, truth)
     estimator: StageEstimator = search.estimator
     for key, true in truth.items():
         if key in search.measured:
@@ -176,7 +189,8 @@ def test_estimates_add_sizes_exactly() -> None:
 
 
 def test_the_table_of_estimates_equals_the_estimates_one_by_one() -> None:
-    search, _, _ = _run("auto")
+    search, truth, _ = _run("auto")
+    _measure_on_demand_profiles(search, truth)
     point = search.point_table()
     assert point.estimated
     for key in point.estimated:
@@ -213,6 +227,31 @@ def test_the_whole_model_on_every_device_is_measured_when_it_could_be_best(
         assert 0.97 * truth[whole].compute_cost <= estimate <= truth[whole].compute_cost
     else:
         assert search.estimated_at_choice[whole] <= truth[whole].compute_cost
+
+
+@pytest.mark.parametrize("scaling", [0.3, 1.0])
+def test_the_whole_cluster_s_layers_are_measured_only_when_its_stage_could_be_best(
+    scaling: float,
+) -> None:
+    """A model long enough for layer profiles on every device: they are not measured up
+    front; when the scaled whole-model stage is in a plan that could be best, they are
+    measured first (not the whole model), and the stage is measured only if its estimate
+    from them still could be best. The plan is the full table's optimum either way."""
+    search, truth, rounds = _run("1f1b", scaling=scaling)
+    whole = [k for k in search.scaled if not is_layer_profile(k)]
+    lazy = [k for k in search.scaled if is_layer_profile(k)]
+    assert len(whole) == 1 and len(lazy) == len(CLASSES)
+    plan = search.plan()
+    reference = build_plan(_spec(), CLUSTER, _options(), search.space, truth)
+    assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)
+    one_stage = _stages(reference.stages) == whole
+    assert one_stage == (scaling == 1.0)  # perfect scaling: data parallelism wins
+    asked = [k for keys in rounds for k in keys]
+    if one_stage:
+        assert asked.index(lazy[0]) < asked.index(whole[0])  # its layers first, then it
+        assert search.estimator.profiled(*whole[0][2:])
+    else:  # poor scaling: never near the best, neither it nor its layers measured
+        assert not any(k in search.measured for k in [*whole, *lazy])
 
 
 def test_one_device_measures_its_one_plan_directly() -> None:

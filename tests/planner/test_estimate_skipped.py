@@ -8,7 +8,7 @@ import random
 import pytest
 
 from planner import CandidateSpace, EstimateSearch, enumerate_candidates, with_layer_profiles
-from planner.estimate import is_profiled
+from planner.layer_profiles import is_profiled
 from planner.table import Key
 from schemas import ClusterSpec, PlanOptions
 from tests.planner.helpers import programless_chain_spec

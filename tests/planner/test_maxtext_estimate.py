@@ -16,7 +16,7 @@ import math
 import pytest
 
 from planner import EstimateSearch, enumerate_candidates, simulate, with_layer_profiles
-from planner.estimate import is_profiled
+from planner.layer_profiles import is_profiled
 from planner.table import Key
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
 from tests.planner.helpers import programless_chain_spec

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from planner import EstimateSearch, NoFeasiblePlan, build_plan, enumerate_candidates
-from planner.estimate import is_profiled, with_layer_profiles
+from planner.layer_profiles import is_profiled, with_layer_profiles
 from planner.microbatches import MicrobatchSearch, choose_count
 from planner.stages import simulate_stages
 from planner.table import build_cost_table
@@ -250,18 +250,37 @@ def test_bad_microbatch_search_is_refused(body: dict, message: str) -> None:
         PlanOptions.model_validate(body)
 
 
+class _Lengths:
+    """An estimator's length-law samples (`StageEstimator.length_samples`), as scripted."""
+
+    def __init__(self, samples: list[float]) -> None:
+        self.samples = samples
+        self.peers: list = []
+
+    def length_samples(self) -> list[float]:
+        return self.samples
+
+
 class _Scripted:
     """An estimate search that answers a scripted series of rounds: each its optimistic best
     and the stages it asks for (none: its best plan is measured, at that time). A round
-    taken back (`rounds` lowered) is answered again."""
+    taken back (`rounds` lowered) is answered again. `calibrated`: it has a longer stage
+    measured (a length-law sample)."""
 
-    def __init__(self, count: int, rounds: list[tuple[float, list]], band: float = 0.15):
+    def __init__(
+        self,
+        count: int,
+        rounds: list[tuple[float, list]],
+        band: float = 0.15,
+        calibrated: bool = True,
+    ):
         self.options = PlanOptions(num_microbatches=count)
         self.script = list(rounds)
         self.rounds = 0
         self.stopped = ""
         self.best_time: float | None = None
         self._band = band
+        self.estimator = _Lengths([0.2] if calibrated else [])
 
     def band(self) -> float:
         return self._band
@@ -305,3 +324,16 @@ def test_counts_within_the_band_of_the_lowest_are_measured_together() -> None:
     multi = MicrobatchSearch({8: a, 16: b}, 32)  # type: ignore[dict-item]
     assert multi.next_round() == {8: [(0, 1, 0, 0)], 16: [(0, 2, 0, 0)]}
     assert not multi.deferred
+
+
+def test_before_any_count_is_calibrated_only_the_lowest_asks() -> None:
+    a = _Scripted(8, [(1.0, [(0, 1, 0, 0)]), (1.0, [])], calibrated=False)
+    b = _Scripted(16, [(1.05, [(0, 2, 0, 0)]), (1.2, [])], calibrated=False)
+    multi = MicrobatchSearch({8: a, 16: b}, 32)  # type: ignore[dict-item]
+    assert a.estimator.peers == [b.estimator] and b.estimator.peers == [a.estimator]
+    assert multi.next_round() == {8: [(0, 1, 0, 0)]}  # 16 is within the band, yet waits
+    assert multi.deferred == {16} and b.rounds == 0
+    a.estimator.samples.append(0.3)  # the lead's longer stage is measured
+    assert multi.calibrated
+    assert multi.next_round() == {}  # 16's calibrated best (1.2) is slower than 8's plan
+    assert multi.measured_best == {8: 1.0} and 16 in multi.dropped

@@ -13,7 +13,7 @@ from planner import (
     with_layer_profiles,
     with_layers_outside,
 )
-from planner.estimate import is_profiled
+from planner.layer_profiles import is_profiled
 from planner.table import Key
 from schemas import ModelSpec, PlanOptions, StageProfileResult
 from tests.planner.helpers import cluster

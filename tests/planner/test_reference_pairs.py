@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
-from planner.estimate import REFERENCE, is_profiled
+from planner.layer_profiles import REFERENCE, is_profiled
 from planner.time_model import fit_singles, predict
 from schemas import ProfileStatus
 from tests.planner.test_estimate_search import (
@@ -63,6 +63,8 @@ def test_longer_stages_off_the_reference_are_estimated_exactly() -> None:
     """The overhead taken from the reference is the law's own: a stage of any length on a
     submesh without pairs measured is the truth."""
     search, truth, _ = _run("1f1b")
+    for key in [k for k in search.scaled if k[0] == k[1]]:  # measured on demand
+        search.add([key], truth[key])
     longer = [k for k in truth if k[1] - k[0] >= 3 and k[2:] != REFERENCE]
     assert longer
     for key in longer:

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
-from planner.estimate import is_profiled
+from planner.layer_profiles import is_profiled
 from planner.split_estimate import PRIOR, is_split, split_ratios
 from planner.table import Key
 from schemas import ClusterSpec, ModuleKind, PlanOptions, StageProfileResult

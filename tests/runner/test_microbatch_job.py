@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from client.symbolic_batch import build_zoo_symbolic
-from planner.estimate import is_profiled
+from planner.layer_profiles import is_profiled
 from programs import spec_at_batch
 from schemas import ClusterSpec, JobStatus, ModelSpec, Plan
 from store import JobCandidateRow, StageProfileRow, get_job, session_scope

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from planner.batch_profiles import Ident, ident_index, inside, interpolated_profile, stage_ident
 from planner.errors import NoFeasiblePlan
-from planner.estimate import is_layer_profile
+from planner.layer_profiles import is_layer_profile
 from planner.microbatches import CountPlan, MicrobatchSearch, choose_count
 from schemas import Plan, StageKey, StageProfileResult
 from workers.jobs.estimate_loop import EstimateLoop

@@ -205,7 +205,7 @@ class EstimateLoop:
         summary = plan.search
         assert summary is not None
         measured = {self.fp_of[k] for k in self.search.measured if k in self.fp_of}
-        profiles = {fp for fp in measured if self._is_profile(fp)}
+        profiles = {fp for fp in measured if self._is_profile(fp, up_front=False)}
         summary = summary.model_copy(
             update={
                 "layer_profiles": len(profiles),
@@ -219,11 +219,13 @@ class EstimateLoop:
         """The fingerprints of `fps` that some candidate of `keys` has."""
         return {fp for fp in fps if any(k.as_tuple() in keys for k in self.keys_by_fp[fp])}
 
-    def _is_profile(self, fp: str) -> bool:
-        """A layer profile: measured up front (a stage estimated by scaling is not one)."""
+    def _is_profile(self, fp: str, up_front: bool = True) -> bool:
+        """A layer profile; `up_front`: one measured up front (not one scaled until it is
+        measured on demand: `planner.on_demand_profiles`)."""
         classes = self.search.estimator.layer_classes
         return any(
-            planner.is_profiled(k.as_tuple(), classes) and k.as_tuple() not in self.ctx.scaled
+            planner.is_profiled(k.as_tuple(), classes)
+            and not (up_front and k.as_tuple() in self.ctx.scaled)
             for k in self.keys_by_fp[fp]
         )
 

@@ -162,11 +162,15 @@ def load_checked(
     if not searched:
         return [_count_inputs(keeper, model_id, spec, cluster, options, 0)]
     batch = options.global_batch(traced)
+    try:  # the variants the job measures under: only they are stated at each size
+        variants = planner.remat_choices(spec, options.remat)
+    except ValueError as err:
+        raise JobFailed(f"options.remat: {err}") from err
     out = []
     for count in counts:
         size = batch // count
         try:
-            at_size = keeper.call("spec at size", spec_at_batch, spec, size)
+            at_size = keeper.call("spec at size", spec_at_batch, spec, size, variants)
         except ValueError as err:
             raise JobFailed(
                 f"options.microbatch_search: {count} micro-batches of {size}: {err}"

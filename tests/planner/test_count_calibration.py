@@ -1,0 +1,129 @@
+"""Counts of micro-batches calibrate one another (planner.microbatches): a count with no
+longer stage measured takes its length law and band from the counts that have one, the
+lowest count is verified first, and a count whose calibrated best is slower than a measured
+plan stops without a longer stage measured; the answer stays the optimum of the full tables
+where longer stages cost more than their layers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from planner import EstimateSearch, build_plan, enumerate_candidates
+from planner.layer_profiles import is_layer_profile, is_profiled, with_layer_profiles
+from planner.microbatches import MicrobatchSearch
+from schemas import StageProfileResult
+from tests.planner.test_microbatches import (
+    CLASSES,
+    GLOBAL,
+    MEMORY,
+    WEIGHTS,
+    chain,
+    device_cluster,
+    law,
+    options,
+)
+from tests.support.profiles import fake_profile
+
+GAMMA = 0.4  # longer stages cost (n / 2)^GAMMA times what their layers do
+
+
+def lengthened(space, size: int) -> dict[tuple, StageProfileResult]:
+    """`test_microbatches.truth`, a stage of n > 2 layers slower by the length law."""
+    weights = [WEIGHTS[c] for c in CLASSES]
+    out = {}
+    for k in space.keys:
+        submesh, config = space.resolve(k)
+        key = k.as_tuple()
+        x = law(weights, size, submesh.num_devices, k.config_id, key)
+        forward = x["forward"] * (x["n"] / 2) ** GAMMA if x["n"] > 2 else x["forward"]
+        out[key] = fake_profile(
+            f"{key}@{size}",
+            forward=forward,
+            backward=2 * forward,
+            submesh=submesh,
+            config=config,
+            num_layers=x["n"],
+            initial_var_size=x["initial"],
+            intermediate_size=x["stash"],
+            available_memory=MEMORY,
+            max_n_succ_stages=x["mns"],
+            peak=0,
+        )
+    return out
+
+
+def problems(counts: list[int]):
+    """Each count's search (its layer profiles measured) and full table's plan."""
+    opts = options(counts, config_space="data_parallel_only")
+    searches, full = {}, {}
+    for count in counts:
+        size = GLOBAL // count
+        spec = chain(len(CLASSES), size, CLASSES)
+        fixed = opts.at_count(count, size)
+        space, scaled, _ = with_layer_profiles(
+            enumerate_candidates(spec, device_cluster(), fixed), CLASSES
+        )
+        results = lengthened(space, size)
+        search = EstimateSearch(spec, device_cluster(), fixed, space, frozenset(scaled))
+        for key in [k for k in results if is_profiled(k, CLASSES)]:
+            search.add([key], results[key])
+        searches[count] = search
+        full[count] = (results, build_plan(spec, device_cluster(), fixed, space, results))
+    return searches, full
+
+
+def longer_measured(search: EstimateSearch) -> list[tuple]:
+    return [k for k, r in search.measured.items() if not is_layer_profile(k) and r.ok]
+
+
+def test_a_count_without_longer_stages_takes_the_others_length_law_and_band() -> None:
+    searches, full = problems([2, 8])
+    own, other = searches[2], searches[8]
+    longer = [k for k in full[2][0] if k[1] - k[0] >= 3 and k[2:] == (0, 0)][:3]
+    for key in longer:
+        own.add([key], full[2][0][key])
+    gamma = own.estimator.length_exponent()
+    assert gamma == pytest.approx(GAMMA, abs=0.1)  # learned from its longer stages
+    assert other.estimator.length_exponent() == 0.0  # alone: nothing to learn from
+    assert other.band() == pytest.approx(0.15)  # the prior
+    MicrobatchSearch(searches, GLOBAL)
+    assert other.estimator.length_exponent() == pytest.approx(gamma)
+    pooled = own.estimator.held_out_errors()
+    assert len(pooled) == 3
+    assert other.band() == pytest.approx(max(0.03, float(np.quantile(pooled, 0.75))))
+    assert own.estimator.length_exponent() == pytest.approx(gamma)  # its own stays its own
+
+
+def search_all(counts: list[int], calibrate: bool) -> tuple[MicrobatchSearch, dict, int]:
+    """The search over `counts` run to its end on the lengthened tables (`calibrate` False:
+    each count learns only from its own stages); the stages it measured in its rounds."""
+    searches, full = problems(counts)
+    multi = MicrobatchSearch(searches, GLOBAL)
+    if not calibrate:
+        for search in searches.values():
+            search.estimator.peers = []
+    measured = 0
+    first = multi.next_round()
+    assert len(first) == 1  # no count calibrated: the lowest alone
+    wanted = first
+    while wanted:
+        for count, keys in wanted.items():
+            for key in keys:
+                multi.add(count, [key], full[count][0][key])
+                measured += 1
+        wanted = multi.next_round()
+    return multi, full, measured
+
+
+@pytest.mark.parametrize("counts", [[2, 4, 8, 16], [1, 2, 4, 8, 16], [4, 8, 16]])
+def test_the_search_over_counts_calibrated_gives_the_optimum_measuring_fewer(
+    counts: list[int],
+) -> None:
+    multi, full, measured = search_all(counts, calibrate=True)
+    plan = multi.plan()
+    best = min(p.predicted_iteration_time_s for _, p in full.values())
+    assert math.isclose(plan.predicted_iteration_time_s, best, rel_tol=1e-9)
+    assert all(s.measured for s in plan.stages)
+    _, _, alone = search_all(counts, calibrate=False)
+    assert measured < alone
