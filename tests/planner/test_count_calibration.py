@@ -10,47 +10,19 @@ import numpy as np
 import pytest
 
 from planner import EstimateSearch, build_plan, enumerate_candidates
-from planner.layer_profiles import is_layer_profile, is_profiled, with_layer_profiles
+from planner.layer_profiles import layer_profile_keys, with_layer_profiles
 from planner.microbatches import MicrobatchSearch
-from schemas import StageProfileResult
 from tests.planner.test_microbatches import (
     CLASSES,
     GLOBAL,
-    MEMORY,
     WEIGHTS,
     chain,
     device_cluster,
-    law,
     options,
+    truth,
 )
-from tests.support.profiles import fake_profile
 
 GAMMA = 0.4  # longer stages cost (n / 2)^GAMMA times what their layers do
-
-
-def lengthened(space, size: int) -> dict[tuple, StageProfileResult]:
-    """`test_microbatches.truth`, a stage of n > 2 layers slower by the length law."""
-    weights = [WEIGHTS[c] for c in CLASSES]
-    out = {}
-    for k in space.keys:
-        submesh, config = space.resolve(k)
-        key = k.as_tuple()
-        x = law(weights, size, submesh.num_devices, k.config_id, key)
-        forward = x["forward"] * (x["n"] / 2) ** GAMMA if x["n"] > 2 else x["forward"]
-        out[key] = fake_profile(
-            f"{key}@{size}",
-            forward=forward,
-            backward=2 * forward,
-            submesh=submesh,
-            config=config,
-            num_layers=x["n"],
-            initial_var_size=x["initial"],
-            intermediate_size=x["stash"],
-            available_memory=MEMORY,
-            max_n_succ_stages=x["mns"],
-            peak=0,
-        )
-    return out
 
 
 def problems(counts: list[int]):
@@ -64,17 +36,13 @@ def problems(counts: list[int]):
         space, scaled, _ = with_layer_profiles(
             enumerate_candidates(spec, device_cluster(), fixed), CLASSES
         )
-        results = lengthened(space, size)
+        results = truth(space, [WEIGHTS[c] for c in CLASSES], size, GAMMA)
         search = EstimateSearch(spec, device_cluster(), fixed, space, frozenset(scaled))
-        for key in [k for k in results if is_profiled(k, CLASSES)]:
+        for key in layer_profile_keys(space, CLASSES, scaled):
             search.add([key], results[key])
         searches[count] = search
         full[count] = (results, build_plan(spec, device_cluster(), fixed, space, results))
     return searches, full
-
-
-def longer_measured(search: EstimateSearch) -> list[tuple]:
-    return [k for k, r in search.measured.items() if not is_layer_profile(k) and r.ok]
 
 
 def test_a_count_without_longer_stages_takes_the_others_length_law_and_band() -> None:

@@ -78,16 +78,21 @@ def law(weights: list[float], size: int, devices: int, config: int, key: tuple) 
     return {"forward": forward, "stash": stash, "initial": initial, "mns": mns, "n": n}
 
 
-def truth(space, weights: list[float], size: int) -> dict[tuple, StageProfileResult]:
+def truth(
+    space, weights: list[float], size: int, gamma: float = 0.0
+) -> dict[tuple, StageProfileResult]:
+    """Every candidate of `space` measured by `law`; a stage of n > 2 layers slower by the
+    length law (n / 2)^gamma."""
     out = {}
     for k in space.keys:
         submesh, config = space.resolve(k)
         key = k.as_tuple()
         x = law(weights, size, submesh.num_devices, k.config_id, key)
+        forward = x["forward"] * (x["n"] / 2) ** gamma if x["n"] > 2 else x["forward"]
         out[key] = fake_profile(
             f"{key}@{size}",
-            forward=x["forward"],
-            backward=2 * x["forward"],
+            forward=forward,
+            backward=2 * forward,
             submesh=submesh,
             config=config,
             num_layers=x["n"],
