@@ -95,8 +95,12 @@ def with_layer_profiles(
 
 def on_demand_profiles(key: Key, candidates: Iterable[Key], scaled: Iterable[Key]) -> list[Key]:
     """The layer profiles a scaled whole-model stage `key` is estimated from once they are
-    measured (its config's scaled one-layer stages, `with_layer_profiles`); none elsewhere."""
+    measured (its config's scaled one-layer stages, one per layer: `with_layer_profiles`);
+    none elsewhere (e.g. where only the layers outside the pipeline are candidates)."""
     if is_layer_profile(key):
         return []
     on_scale = set(scaled)
-    return sorted(k for k in candidates if k[2:] == key[2:] and k[0] == k[1] and k in on_scale)
+    singles = sorted(k for k in candidates if k[2:] == key[2:] and k[0] == k[1] and k in on_scale)
+    if [k[0] for k in singles] != list(range(key[0], key[1] + 1)):
+        return []
+    return singles

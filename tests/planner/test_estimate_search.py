@@ -11,7 +11,12 @@ import pytest
 
 from planner import EstimateSearch, build_plan, enumerate_candidates, with_layer_profiles
 from planner.estimate import StageEstimator
-from planner.layer_profiles import REFERENCE, is_layer_profile, layer_profile_keys
+from planner.layer_profiles import (
+    REFERENCE,
+    is_layer_profile,
+    layer_profile_keys,
+    on_demand_profiles,
+)
 from planner.table import Key
 from planner.time_model import fit, predict
 from schemas import ClusterSpec, ModelSpec, PlanOptions, StageProfileResult
@@ -291,3 +296,12 @@ def test_one_measured_whole_cluster_stage_corrects_the_scaling_of_the_others(
     plan = search.plan()
     reference = build_plan(_spec(short), CLUSTER, three_strategies(), search.space, truth)
     assert math.isclose(plan.predicted_iteration_time_s, reference.predicted_iteration_time_s)
+
+
+def test_only_a_whole_model_with_every_layer_on_demand_is_measured_through_its_layers() -> None:
+    whole, m = (0, 3, 2, 0), (2, 0)
+    singles = [(a, a, *m) for a in range(4)]
+    assert on_demand_profiles(whole, [whole, *singles], [whole, *singles]) == singles
+    outside_only = [singles[0], singles[3]]  # the layers outside the pipeline, not a profile set
+    assert on_demand_profiles(whole, [whole, *singles], [whole, *outside_only]) == []
+    assert on_demand_profiles(singles[1], singles, singles) == []
