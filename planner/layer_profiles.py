@@ -4,6 +4,7 @@ and on the submesh of every device, the layers measured on demand (`with_layer_p
 """
 
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from planner.candidates import CandidateSpace
 from planner.table import Key
@@ -93,14 +94,11 @@ def with_layer_profiles(
     return CandidateSpace(space.submeshes, space.configs, keys), scaled, direct
 
 
-def on_demand_profiles(key: Key, candidates: Iterable[Key], scaled: Iterable[Key]) -> list[Key]:
+def on_demand_profiles(key: Key, scaled: AbstractSet[Key]) -> list[Key]:
     """The layer profiles a scaled whole-model stage `key` is estimated from once they are
     measured (its config's scaled one-layer stages, one per layer: `with_layer_profiles`);
     none elsewhere (e.g. where only the layers outside the pipeline are candidates)."""
-    if is_layer_profile(key):
-        return []
-    on_scale = set(scaled)
-    singles = sorted(k for k in candidates if k[2:] == key[2:] and k[0] == k[1] and k in on_scale)
-    if [k[0] for k in singles] != list(range(key[0], key[1] + 1)):
+    singles = [(a, a, *key[2:]) for a in range(key[0], key[1] + 1)]
+    if is_layer_profile(key) or not all(k in scaled for k in singles):
         return []
     return singles

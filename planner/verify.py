@@ -337,10 +337,7 @@ class EstimateSearch:
         for key in keys:
             if key in self.measured and key not in needs:
                 continue
-            layers = []
-            if key in self.scaled:
-                layers = on_demand_profiles(key, self.candidates(), self.scaled)
-            first = [k for k in layers if k not in self.measured]
+            first = [k for k in on_demand_profiles(key, self.scaled) if k not in self.measured]
             out += [k for k in first or [key] if k not in out]
         return out
 

@@ -301,7 +301,7 @@ def test_one_measured_whole_cluster_stage_corrects_the_scaling_of_the_others(
 def test_only_a_whole_model_with_every_layer_on_demand_is_measured_through_its_layers() -> None:
     whole, m = (0, 3, 2, 0), (2, 0)
     singles = [(a, a, *m) for a in range(4)]
-    assert on_demand_profiles(whole, [whole, *singles], [whole, *singles]) == singles
+    assert on_demand_profiles(whole, {whole, *singles}) == singles
     outside_only = [singles[0], singles[3]]  # the layers outside the pipeline, not a profile set
-    assert on_demand_profiles(whole, [whole, *singles], [whole, *outside_only]) == []
-    assert on_demand_profiles(singles[1], singles, singles) == []
+    assert on_demand_profiles(whole, {whole, *outside_only}) == []
+    assert on_demand_profiles(singles[1], set(singles)) == []

@@ -53,6 +53,10 @@ class EstimateLoop:
         self.keys_by_fp = ctx.keys_by_fp
         self.pending: set[str] = set()  # stages not measured (nor asked for) yet
         self.asked: set[str] = set()  # stages measured up front whatever they estimate
+        # the layer profiles measured up front (not those scaled until measured on demand)
+        self.up_front = set(
+            planner.layer_profile_keys(ctx.space, self.search.estimator.layer_classes, ctx.scaled)
+        )
         # stages measured without the split backward (`JobContext.splits_on_demand`): a
         # round that needs their split measures them again, split
         self.unsplit: set[str] = set()
@@ -220,14 +224,13 @@ class EstimateLoop:
         return {fp for fp in fps if any(k.as_tuple() in keys for k in self.keys_by_fp[fp])}
 
     def _is_profile(self, fp: str, up_front: bool = True) -> bool:
-        """A layer profile; `up_front`: one measured up front (not one scaled until it is
-        measured on demand: `planner.on_demand_profiles`)."""
+        """A layer profile (`planner.is_profiled`); `up_front`: one measured up front
+        (`planner.layer_profile_keys`: not one scaled until it is measured on demand)."""
+        keys = [k.as_tuple() for k in self.keys_by_fp[fp]]
+        if up_front:
+            return any(k in self.up_front for k in keys)
         classes = self.search.estimator.layer_classes
-        return any(
-            planner.is_profiled(k.as_tuple(), classes)
-            and not (up_front and k.as_tuple() in self.ctx.scaled)
-            for k in self.keys_by_fp[fp]
-        )
+        return any(planner.is_profiled(k, classes) for k in keys)
 
     def _all_remat(self, fp: str) -> bool:
         """Whether every candidate of `fp` is a remat variant of an as-written candidate
