@@ -18,10 +18,17 @@ first round, before any count has a measured plan, only to be stopped in the sec
 
 The counts calibrate one another: what longer stages cost beyond their layers (the length
 law) and how far the estimates missed (the band) are learned at every count's size, and a
-count with no longer stage measured yet uses the others' (`StageEstimator.peers`). So while
-no count has one, only the lowest count asks (the others wait): its measured stages then
-correct every count's estimates, and a count whose corrected optimistic best is slower than
-its measured plan stops without being measured at all.
+count with no longer stage measured yet uses the others' (`StageEstimator.peers`). Estimates
+miss most at the sizes least like the others (one sample a micro-batch: the per-call
+overheads), and the count whose estimates are the most optimistic would look best. So a
+count not yet `self_calibrated` asks for one stage first, the costliest longer stage of its
+best plan, beside the other counts' (`_narrow`): each is then judged on its own length law.
+
+Of the counts asking in a round, the one with the lowest optimistic best (the lead) is
+verified whole; the others are challengers: most lose, and the stage that decides a
+pipeline's time can show it. A challenger asks for at most `CHALLENGE_STAGES` stages a
+round, its best plan's of the highest estimates first, and is judged again (against the
+lead's plan once that is measured) before it asks for more.
 """
 
 import logging
@@ -36,6 +43,9 @@ from schemas import MicrobatchOption, Plan, StageProfileResult
 from schemas.plan import stage_layout
 
 logger = logging.getLogger(__name__)
+
+# stages a challenger (a count asking beside a lower one) asks for per round
+CHALLENGE_STAGES = 2
 
 # A count's plan, or why it has none.
 CountPlan = Plan | str
@@ -102,10 +112,9 @@ class MicrobatchSearch:
         for b, search in self.searches.items():
             search.estimator.peers = [s.estimator for c, s in self.searches.items() if c != b]
 
-    @property
-    def calibrated(self) -> bool:
-        """Whether some count has a longer stage measured (see the module doc)."""
-        return any(s.estimator.length_samples() for s in self.searches.values())
+    def self_calibrated(self, count: int) -> bool:
+        """Whether `count` has a longer stage measured at its own size (see the module doc)."""
+        return bool(self.searches[count].estimator.length_samples())
 
     def add(self, count: int, keys: list[Key], result: StageProfileResult) -> None:
         """A result measured at count `count`'s micro-batch size."""
@@ -138,35 +147,61 @@ class MicrobatchSearch:
                 self.live.discard(b)
                 del wanted[b]
         self._defer(wanted)
+        self._narrow(wanted)
         return wanted
+
+    def _narrow(self, wanted: dict[int, list[Key]]) -> None:
+        """Of each count's stages in `wanted` keep: one, where it is not `self_calibrated`;
+        `CHALLENGE_STAGES`, where it is a challenger (another count asking has a lower
+        optimistic best); all, for the lead, and for a count asking alone with no measured
+        plan to be judged against. Its best plan's stages first, longer stages first, the
+        highest estimates first; the rest are asked for again next round if it still could
+        be best."""
+        if len(wanted) < 2 and not self.measured_best:
+            return
+        known = {b: t for b in wanted if (t := self.searches[b].best_time) is not None}
+        ready = [b for b in known if self.self_calibrated(b)]
+        lead = min(ready, key=lambda b: (known[b], b)) if ready else None
+        for b, keys in wanted.items():
+            if b == lead:
+                continue
+            keep = CHALLENGE_STAGES if self.self_calibrated(b) else 1
+            if len(keys) <= keep:
+                continue
+            search = self.searches[b]
+            best, chosen = set(search.best_unmeasured), search.estimated_at_choice
+            ranked = sorted(
+                keys, key=lambda k: (k not in best, k[1] - k[0] < 2, -chosen.get(k, math.inf))
+            )
+            logger.info(
+                "%d micro-batches: %s: %d of its %d stages first",
+                b,
+                "a challenger" if keep == CHALLENGE_STAGES else "to calibrate",
+                keep,
+                len(keys),
+            )
+            wanted[b] = ranked[:keep]
 
     def _defer(self, wanted: dict[int, list[Key]]) -> None:
         """Hold back from `wanted` the counts whose optimistic best is above the lowest
-        count's by more than that count's band, and, while no count is `calibrated`, every
-        count but the lowest; their searches take this round back (they measured nothing)
-        and ask again next round, judged against the plans measured by then. Only delays: a
-        held-back count is never stopped here."""
+        count's by more than that count's band; their searches take this round back (they
+        measured nothing) and ask again next round, judged against the plans measured by
+        then. Only delays: a held-back count is never stopped here."""
         self.deferred = set()
         known = {b: t for b in wanted if (t := self.searches[b].best_time) is not None}
         if len(known) < 2:
             return
         lead = min(known, key=lambda b: (known[b], b))
         limit = known[lead] * (1.0 + self.searches[lead].band())
-        calibrated = self.calibrated
         for b, low in known.items():
-            if b == lead:
-                continue
-            if low > limit:
-                why = f"is more than the band above that of {lead} micro-batches"
-            elif not calibrated:
-                why = f"is above that of {lead} micro-batches, measured first to calibrate"
-            else:
+            if b == lead or low <= limit:
                 continue
             logger.info(
-                "%d micro-batches: waits: its best on estimates (%.6g s) %s (%.6g s)",
+                "%d micro-batches: waits: its best on estimates (%.6g s) is more than the "
+                "band above that of %d micro-batches (%.6g s)",
                 b,
                 low,
-                why,
+                lead,
                 known[lead],
             )
             self.deferred.add(b)

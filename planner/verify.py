@@ -72,6 +72,8 @@ class EstimateSearch:
     # the simulated time of the last round's best plan on the optimistic table (a plan of
     # measured stages when the search stopped on one); None: no round found a plan
     best_time: float | None = None
+    # the stages of that plan not measured (or measured without the split it needs)
+    best_unmeasured: list[Key] = field(default_factory=list)
     # stages the job decided not to measure (e.g. remat variants where memory is ample):
     # neither estimated nor planned with
     skipped: set[Key] = field(default_factory=set)
@@ -252,6 +254,12 @@ class EstimateSearch:
             self.stopped = "no plan is feasible on the estimates"
             return []
         self.best_time = ranked[0][1].time if ranked else None
+        self.best_unmeasured = []
+        if ranked:
+            name, best = ranked[0]
+            self.best_unmeasured = self._unmeasured(
+                [*best.keys, *best.outside], best.keys if name == "zb-h1" else []
+            )
         wanted = self._to_verify(
             [
                 (p.time, [*p.keys, *p.outside], p.keys if name == "zb-h1" else [])

@@ -1,8 +1,9 @@
 """Counts of micro-batches calibrate one another (planner.microbatches): a count with no
-longer stage measured takes its length law and band from the counts that have one, the
-lowest count is verified first, and a count whose calibrated best is slower than a measured
-plan stops without a longer stage measured; the answer stays the optimum of the full tables
-where longer stages cost more than their layers."""
+longer stage measured takes its length law and band from the counts that have one; each
+count asks for one longer stage first, the lead is verified whole and the challengers a
+few stages a round, and a count whose calibrated best is slower than a measured plan stops;
+the answer stays the optimum of the full tables where longer stages cost more than their
+layers."""
 
 import math
 
@@ -63,18 +64,21 @@ def test_a_count_without_longer_stages_takes_the_others_length_law_and_band() ->
     assert own.estimator.length_exponent() == pytest.approx(gamma)  # its own stays its own
 
 
-def search_all(counts: list[int], calibrate: bool) -> tuple[MicrobatchSearch, dict, int]:
+def search_all(
+    counts: list[int], calibrate: bool, narrow: bool = True
+) -> tuple[MicrobatchSearch, dict, int]:
     """The search over `counts` run to its end on the lengthened tables (`calibrate` False:
-    each count learns only from its own stages); the stages it measured in its rounds."""
+    each count learns only from its own stages; `narrow` False: every count asks for all
+    its stages at once); the stages it measured in its rounds."""
     searches, full = problems(counts)
     multi = MicrobatchSearch(searches, GLOBAL)
+    if not narrow:
+        multi._narrow = lambda wanted: None  # type: ignore[method-assign]
     if not calibrate:
         for search in searches.values():
             search.estimator.peers = []
     measured = 0
-    first = multi.next_round()
-    assert len(first) == 1  # no count calibrated: the lowest alone
-    wanted = first
+    wanted = multi.next_round()
     while wanted:
         for count, keys in wanted.items():
             for key in keys:
@@ -95,3 +99,15 @@ def test_the_search_over_counts_calibrated_gives_the_optimum_measuring_fewer(
     assert all(s.measured for s in plan.stages)
     _, _, alone = search_all(counts, calibrate=False)
     assert measured < alone
+
+
+@pytest.mark.parametrize("counts", [[2, 4, 8, 16], [1, 2, 4, 8, 16]])
+def test_counts_asking_for_their_costliest_stages_first_measure_fewer(
+    counts: list[int],
+) -> None:
+    narrow, full, measured = search_all(counts, calibrate=True)
+    wide, _, all_at_once = search_all(counts, calibrate=True, narrow=False)
+    assert narrow.plan().predicted_iteration_time_s == wide.plan().predicted_iteration_time_s
+    best = min(p.predicted_iteration_time_s for _, p in full.values())
+    assert math.isclose(narrow.plan().predicted_iteration_time_s, best, rel_tol=1e-9)
+    assert measured < all_at_once

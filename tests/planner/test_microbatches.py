@@ -278,6 +278,7 @@ class _Scripted:
         rounds: list[tuple[float, list]],
         band: float = 0.15,
         calibrated: bool = True,
+        costs: dict | None = None,
     ):
         self.options = PlanOptions(num_microbatches=count)
         self.script = list(rounds)
@@ -286,6 +287,8 @@ class _Scripted:
         self.best_time: float | None = None
         self._band = band
         self.estimator = _Lengths([0.2] if calibrated else [])
+        self.best_unmeasured: list = []
+        self.estimated_at_choice: dict = dict(costs or {})
 
     def band(self) -> float:
         return self._band
@@ -293,6 +296,7 @@ class _Scripted:
     def next_round(self) -> list:
         self.rounds += 1
         self.best_time, keys = self.script[min(self.rounds, len(self.script)) - 1]
+        self.best_unmeasured = list(keys)
         if not keys:
             self.stopped = "the best plan is measured"
             self.rounds -= 1
@@ -331,14 +335,53 @@ def test_counts_within_the_band_of_the_lowest_are_measured_together() -> None:
     assert not multi.deferred
 
 
-def test_before_any_count_is_calibrated_only_the_lowest_asks() -> None:
-    a = _Scripted(8, [(1.0, [(0, 1, 0, 0)]), (1.0, [])], calibrated=False)
-    b = _Scripted(16, [(1.05, [(0, 2, 0, 0)]), (1.2, [])], calibrated=False)
+LONGER = [(0, 1, 0, 0), (2, 6, 0, 0), (7, 11, 0, 0), (12, 17, 0, 0)]
+
+
+def test_before_a_count_is_calibrated_it_asks_for_its_costliest_longer_stage() -> None:
+    costs = {(0, 1, 0, 0): 0.09, (2, 6, 0, 0): 0.03, (7, 11, 0, 0): 0.05, (12, 17, 0, 0): 0.04}
+    a = _Scripted(8, [(1.0, LONGER)], calibrated=False, costs=costs)
+    b = _Scripted(16, [(1.05, LONGER[:3])], calibrated=False, costs=costs)
     multi = MicrobatchSearch({8: a, 16: b}, 32)  # type: ignore[dict-item]
     assert a.estimator.peers == [b.estimator] and b.estimator.peers == [a.estimator]
-    assert multi.next_round() == {8: [(0, 1, 0, 0)]}  # 16 is within the band, yet waits
-    assert multi.deferred == {16} and b.rounds == 0
-    a.estimator.samples.append(0.3)  # the lead's longer stage is measured
-    assert multi.calibrated
-    assert multi.next_round() == {}  # 16's calibrated best (1.2) is slower than 8's plan
-    assert multi.measured_best == {8: 1.0} and 16 in multi.dropped
+    # the pair (0, 1) is the costliest, but says nothing of what longer stages cost
+    assert multi.next_round() == {8: [(7, 11, 0, 0)], 16: [(7, 11, 0, 0)]}
+    assert not multi.deferred and a.rounds == b.rounds == 1
+
+
+def test_alone_and_uncalibrated_a_count_asks_for_its_whole_plan() -> None:
+    a = _Scripted(8, [(1.0, LONGER)], calibrated=False)
+    b = _Scripted(16, [(2.0, LONGER)], calibrated=False)
+    multi = MicrobatchSearch({8: a, 16: b}, 32)  # type: ignore[dict-item]
+    assert multi.next_round() == {8: LONGER} and multi.deferred == {16}
+
+
+def test_the_lead_is_verified_whole_a_challenger_its_costliest_stages_first() -> None:
+    lead = _Scripted(8, [(1.0, [(0, 1, 0, 0)]), (1.2, [])])
+    stages = [(0, 3, 0, 0), (4, 9, 0, 0), (10, 12, 0, 0), (13, 17, 0, 0)]
+    costs = {(0, 3, 0, 0): 0.02, (4, 9, 0, 0): 0.05, (10, 12, 0, 0): 0.01, (13, 17, 0, 0): 0.04}
+    script = [(1.1, stages), (1.1, stages[::2]), (1.3, [(10, 12, 0, 0)])]
+    challenger = _Scripted(32, script, costs=costs)
+    multi = MicrobatchSearch({8: lead, 32: challenger}, 32)  # type: ignore[dict-item]
+    assert multi.next_round() == {8: [(0, 1, 0, 0)], 32: [(4, 9, 0, 0), (13, 17, 0, 0)]}
+    # 8's plan is measured (1.2 s): 32, the only count still asking, is verified whole
+    assert multi.next_round() == {32: [(0, 3, 0, 0), (10, 12, 0, 0)]}
+    assert multi.next_round() == {}  # its best (1.3 s) is slower than 8's measured plan
+    assert 32 in multi.dropped and multi.measured_best == {8: 1.2}
+
+
+def test_a_challenger_asks_for_its_best_plan_s_stages_before_the_others() -> None:
+    lead = _Scripted(8, [(1.0, [(0, 1, 0, 0)])])
+    near = [(0, 8, 0, 0), (9, 17, 0, 0), (0, 5, 0, 0)]  # the last: of a plan beside the best
+    costs = {(0, 8, 0, 0): 0.02, (9, 17, 0, 0): 0.03, (0, 5, 0, 0): 0.09}
+    challenger = _Scripted(32, [(1.1, near)], costs=costs)
+    answer = challenger.next_round
+
+    def best_two_first() -> list:
+        keys = answer()
+        challenger.best_unmeasured = near[:2]
+        return keys
+
+    challenger.next_round = best_two_first  # type: ignore[method-assign]
+    multi = MicrobatchSearch({8: lead, 32: challenger}, 32)  # type: ignore[dict-item]
+    assert multi.next_round() == {8: [(0, 1, 0, 0)], 32: [(9, 17, 0, 0), (0, 8, 0, 0)]}
