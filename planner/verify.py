@@ -18,8 +18,7 @@ against its measurement.
 import dataclasses
 import logging
 import math
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +26,7 @@ import numpy as np
 from planner.candidates import CandidateSpace
 from planner.estimate import StageEstimator, relative_error
 from planner.estimate_table import EstimatedTable, estimated_table
-from planner.layer_profiles import REFERENCE, is_profiled, on_demand_profiles
+from planner.layer_profiles import REFERENCE, on_demand_profiles
 from planner.outside import search_with_outside
 from planner.plan import AUTO_ORDER, build_plan, config_ranks
 from planner.prune import range_lower_bounds
@@ -35,13 +34,12 @@ from planner.search import Proposal
 from planner.split_estimate import is_split, split_ratios, with_split_estimates
 from planner.table import CostTable, Key, build_cost_table
 from planner.trainers import maxtext_search, maxtext_space
+from planner.verify_report import annotated, stage_key
 from schemas import (
     ClusterSpec,
     ModelSpec,
     Plan,
-    PlannedStage,
     PlanOptions,
-    SearchSummary,
     StageProfileResult,
 )
 
@@ -356,9 +354,10 @@ class EstimateSearch:
         point = self.point_table()
         plan = build_plan(self.spec, self.cluster, self.options, self.space, {}, table=point.table)
         unsplit = plan.schedule_name == "zb-h1" and any(
-            self.needs_split(_key(st)) for st in plan.stages
+            self.needs_split(stage_key(st)) for st in plan.stages
         )
-        if unsplit or any(_key(st) not in self.measured for st in [*plan.stages, *plan.outside]):
+        stages = [*plan.stages, *plan.outside]
+        if unsplit or any(stage_key(st) not in self.measured for st in stages):
             logger.info("the best plan on the estimates holds an unmeasured stage: measured only")
             plan = build_plan(self.spec, self.cluster, self.options, self.space, self.measured)
         elif self.options.target == "maxtext" and self._unmeasured(
@@ -383,59 +382,4 @@ class EstimateSearch:
                 plan.schedule_name,
             )
             plan = plan.model_copy(update={"maxtext": maxtext})
-        return self._annotate(plan, self.point_costs(point))
-
-    def _annotate(self, plan: Plan, point: Mapping[Key, float]) -> Plan:
-        def mark(stages: list[PlannedStage]) -> list[PlannedStage]:
-            out = []
-            for st in stages:
-                key = _key(st)
-                est = self.estimated_at_choice.get(key)
-                if key in point:
-                    est = point[key]
-                out.append(
-                    st.model_copy(
-                        update={"measured": key in self.measured, "estimated_cost_s": est}
-                    )
-                )
-            return out
-
-        runner_up = plan.runner_up
-        if runner_up is not None:
-            runner_up = runner_up.model_copy(
-                update={"stages": mark(runner_up.stages), "outside": mark(runner_up.outside)}
-            )
-        baselines = [b.model_copy(update={"stages": mark(b.stages)}) for b in plan.baselines]
-        return plan.model_copy(
-            update={
-                "stages": mark(plan.stages),
-                "outside": mark(plan.outside),
-                "runner_up": runner_up,
-                "baselines": baselines,
-                "search": self.summary(point),
-            }
-        )
-
-    def summary(self, point: Mapping[Key, float] | None = None) -> SearchSummary:
-        """What the search measured and how good its estimates were (distinct stages are
-        counted once per submesh and config and range)."""
-        point = self.point_costs() if point is None else point
-        errors = self.errors()
-        measured = [k for k, r in self.measured.items()]
-        classes = self.estimator.layer_classes
-        return SearchSummary(
-            mode="estimate",
-            layer_profiles=sum(1 for k in measured if is_profiled(k, classes)),
-            verified=sum(1 for k in measured if not is_profiled(k, classes)),
-            estimated=len(point),
-            split_on_demand=len({self.measured[k].fingerprint for k in self.split_later}),
-            rounds=self.rounds,
-            estimate_error_median=statistics.median(errors) if errors else None,
-            estimate_error_max=max(errors) if errors else None,
-            error_band=self.band(),
-            compared=len(errors),
-        )
-
-
-def _key(stage: PlannedStage) -> Key:
-    return (stage.start, stage.end, stage.submesh_id, stage.config_id)
+        return annotated(self, plan, self.point_costs(point))
