@@ -171,10 +171,8 @@ def exhaustive_jobs(
     if mesh.microbatch_search is None:
         return [("small-exhaustive", small, exhaustive)]
     traced = small.micro_batch_size
-    batch = mesh.global_batch(traced)
     jobs = []
-    for count in mesh.microbatch_counts(traced):
-        size = batch // count
+    for count, size in mesh.count_sizes(traced):
         spec = zoo.build("gpt", num_layers=args.small_layers, **(widths | {"batch_size": size}))
         jobs.append((f"small-exhaustive@{count}", spec, exhaustive.at_count(count, traced)))
     return jobs
@@ -213,14 +211,13 @@ def space_size(spec: Any, cluster: Any, options: Any) -> int:
     if options.microbatch_search is None:
         return len(enumerate_candidates(spec, cluster, options).keys)
     traced = spec.micro_batch_size
-    batch = options.global_batch(traced)
     return sum(
         len(
             enumerate_candidates(
-                spec_at_batch(spec, batch // count), cluster, options.at_count(count, traced)
+                spec_at_batch(spec, size), cluster, options.at_count(count, traced)
             ).keys
         )
-        for count in options.microbatch_counts(traced)
+        for count, size in options.count_sizes(traced)
     )
 
 

@@ -214,11 +214,10 @@ def _per_count_jobs(
     from programs import spec_at_batch
 
     traced = symbolic.micro_batch_size
-    batch = search.global_batch(traced)
     sessions = common.sqlite_sessions(db)
     seconds = {}
-    for b in search.microbatch_counts(traced):
-        at_size = spec_at_batch(symbolic, batch // b)
+    for b, size in search.count_sizes(traced):
+        at_size = spec_at_batch(symbolic, size)
         run = common.run_job(sessions, at_size, cluster, search.at_count(b, traced), runner)
         seconds[b] = run.wall_seconds
     return seconds

@@ -328,6 +328,12 @@ class PlanOptions(Frozen):
             )
         return sorted(search)
 
+    def count_sizes(self, micro_batch_size: int) -> list[tuple[int, int]]:
+        """Each count of `microbatch_counts` with its micro-batch size (the global batch
+        divided by the count), for a model traced at `micro_batch_size`."""
+        batch = self.global_batch(micro_batch_size)
+        return [(count, batch // count) for count in self.microbatch_counts(micro_batch_size)]
+
     def at_count(self, count: int, micro_batch_size: int) -> "PlanOptions":
         """These options with `count` micro-batches fixed, at the same global batch."""
         batch = self.global_batch(micro_batch_size)

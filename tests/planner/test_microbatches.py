@@ -222,6 +222,8 @@ def test_counts_are_the_divisors_of_the_global_batch() -> None:
     assert big.microbatch_counts(1) == [1, 2, 4, 8, 16, 32, 64]  # at most 64
     listed = PlanOptions(num_microbatches=4, microbatch_search=[8, 4, 32])
     assert listed.microbatch_counts(8) == [4, 8, 32]
+    assert listed.count_sizes(8) == [(4, 8), (8, 4), (32, 1)]  # global batch 32
+    assert big.count_sizes(1)[-1] == (64, 4)
     with pytest.raises(ValueError, match=r"\[32\] do not divide the global batch 16"):
         listed.microbatch_counts(4)
     fixed = listed.at_count(8, 8)

@@ -147,7 +147,7 @@ def load_checked(
     searched = options.microbatch_search is not None
     try:
         options.check_micro_batch(traced)
-        counts = options.microbatch_counts(traced)
+        options.microbatch_counts(traced)  # raises for a count that does not divide
     except ValueError as err:
         field = "microbatch_search" if searched else "global_batch_size"
         raise JobFailed(f"options.{field}: {err}") from err
@@ -161,14 +161,12 @@ def load_checked(
         raise JobFailed("the model's programs do not match its spec: " + "; ".join(problems))
     if not searched:
         return [_count_inputs(keeper, model_id, spec, cluster, options, 0)]
-    batch = options.global_batch(traced)
     try:  # the variants the job measures under: only they are stated at each size
         variants = planner.remat_choices(spec, options.remat)
     except ValueError as err:
         raise JobFailed(f"options.remat: {err}") from err
     out = []
-    for count in counts:
-        size = batch // count
+    for count, size in options.count_sizes(traced):
         try:
             at_size = keeper.call("spec at size", spec_at_batch, spec, size, variants)
         except ValueError as err:
