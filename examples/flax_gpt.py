@@ -167,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             plan = api.get_plan(job.id)
     print(f"job {job.id}: {job.progress.measured} stages measured, {job.progress.reused} reused")
-    for stage in plan.stages:
-        layers = f"{stage.layer_names[0]}..{stage.layer_names[-1]}"
-        shape = f"{stage.submesh.hosts}x{stage.submesh.devices_per_host}"
-        print(f"stage {layers:16s} on {shape}  {stage.compute_cost * 1e3:7.2f} ms")
+    # layers kept outside the pipeline (on every device, MaxText-style), then the stages
+    for kind, stages in (("outside", plan.outside), ("stage", plan.stages)):
+        for stage in stages:
+            layers = f"{stage.layer_names[0]}..{stage.layer_names[-1]}"
+            shape = f"{stage.submesh.hosts}x{stage.submesh.devices_per_host}"
+            print(f"{kind} {layers:16s} on {shape}  {stage.compute_cost * 1e3:7.2f} ms")
     print(f"predicted iteration {plan.predicted_iteration_time_s * 1e3:.2f} ms")
     return 0
 

@@ -264,5 +264,9 @@ def test_the_flax_gpt_example_plans_end_to_end() -> None:
     assert [line.split()[1] for line in lines[:4]] == ["wte", "h_0", "h_1", "ln_f"]
     assert lines[1].split()[-1] == lines[2].split()[-1]  # the blocks' fingerprint
     stages = [line.split()[1] for line in lines if line.startswith("stage ")]
-    assert stages and stages[0].startswith("wte..") and stages[-1].endswith("..ln_f")
+    outside = {line.split()[1] for line in lines if line.startswith("outside ")}
+    assert stages and outside <= {"wte..wte", "ln_f..ln_f"}, out.stdout
+    # the embedding and the head are in the first and last stage, or outside the pipeline
+    assert stages[0].startswith("wte..") or "wte..wte" in outside, out.stdout
+    assert stages[-1].endswith("..ln_f") or "ln_f..ln_f" in outside, out.stdout
     assert "stages measured" in out.stdout and "predicted iteration" in out.stdout
