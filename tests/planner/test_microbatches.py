@@ -272,7 +272,8 @@ class _Scripted:
     """An estimate search that answers a scripted series of rounds: each its optimistic best
     and the stages it asks for (none: its best plan is measured, at that time). A round
     taken back (`rounds` lowered) is answered again. `calibrated`: it has a longer stage
-    measured (a length-law sample)."""
+    measured (a length-law sample); `costs`: the estimates of its stages; every stage it
+    asks for is of its best plan."""
 
     def __init__(
         self,
