@@ -159,13 +159,14 @@ class MicrobatchSearch:
         be best."""
         if len(wanted) < 2 and not self.measured_best:
             return
-        known = {b: t for b in wanted if (t := self.searches[b].best_time) is not None}
-        ready = [b for b in known if self.self_calibrated(b)]
+        known = self._optimistic_bests(wanted)
+        calibrated = {b for b in wanted if self.self_calibrated(b)}
+        ready = [b for b in known if b in calibrated]
         lead = min(ready, key=lambda b: (known[b], b)) if ready else None
         for b, keys in wanted.items():
             if b == lead:
                 continue
-            keep = CHALLENGE_STAGES if self.self_calibrated(b) else 1
+            keep = CHALLENGE_STAGES if b in calibrated else 1
             if len(keys) <= keep:
                 continue
             search = self.searches[b]
@@ -182,13 +183,18 @@ class MicrobatchSearch:
             )
             wanted[b] = ranked[:keep]
 
+    def _optimistic_bests(self, wanted: Mapping[int, list[Key]]) -> dict[int, float]:
+        """The optimistic best (`EstimateSearch.best_time`) of each count in `wanted` that
+        has one."""
+        return {b: t for b in wanted if (t := self.searches[b].best_time) is not None}
+
     def _defer(self, wanted: dict[int, list[Key]]) -> None:
         """Hold back from `wanted` the counts whose optimistic best is above the lowest
         count's by more than that count's band; their searches take this round back (they
         measured nothing) and ask again next round, judged against the plans measured by
         then. Only delays: a held-back count is never stopped here."""
         self.deferred = set()
-        known = {b: t for b in wanted if (t := self.searches[b].best_time) is not None}
+        known = self._optimistic_bests(wanted)
         if len(known) < 2:
             return
         lead = min(known, key=lambda b: (known[b], b))

@@ -252,18 +252,11 @@ class EstimateSearch:
             self.stopped = "no plan is feasible on the estimates"
             return []
         self.best_time = ranked[0][1].time if ranked else None
-        self.best_unmeasured = []
-        if ranked:
-            name, best = ranked[0]
-            self.best_unmeasured = self._unmeasured(
-                [*best.keys, *best.outside], best.keys if name == "zb-h1" else []
-            )
-        wanted = self._to_verify(
-            [
-                (p.time, [*p.keys, *p.outside], p.keys if name == "zb-h1" else [])
-                for name, p in ranked
-            ]
-        )
+        plans = [
+            (p.time, [*p.keys, *p.outside], p.keys if name == "zb-h1" else []) for name, p in ranked
+        ]
+        self.best_unmeasured = self._unmeasured(*plans[0][1:]) if plans else []
+        wanted = self._to_verify(plans)
         wanted += [
             k for k in self._to_verify([(t, ks, []) for t, ks in restricted]) if k not in wanted
         ]
