@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.errors import NoFeasiblePlan
-from planner.table import Key
+from planner.table import Key, build_cost_table
 from planner.verify import EstimateSearch
 from schemas import MicrobatchOption, Plan, StageProfileResult
 from schemas.plan import stage_layout
@@ -103,6 +103,9 @@ class MicrobatchSearch:
     # counts that waited in the last round: their optimistic best, far above the lowest count's
     deferred: set[int] = field(default_factory=set)
     rounds: int = 0
+    # `beaten`'s figures: each count's (measurements they rest on, seconds)
+    _optimistic: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
+    _measured: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for b, search in self.searches.items():
@@ -149,6 +152,60 @@ class MicrobatchSearch:
         self._defer(wanted)
         self._narrow(wanted)
         return wanted
+
+    def beaten(self, count: int) -> bool:
+        """Whether `count` cannot answer on what is measured by now: `next_round`'s stop rule
+        (its optimistic best, on its estimates now, slower than a plan of measured stages of
+        another count), judged as a round's results come in, so that the rest of its round
+        is not measured. A count beaten is stopped (`dropped`)."""
+        if count in self.dropped:
+            return True
+        if count not in self.live:
+            return False
+        others = {c: self._measured_best(c) for c in self.searches if c != count}
+        winner = min(others, key=lambda c: (others[c], c), default=None)
+        if winner is None or not math.isfinite(others[winner]):
+            return False
+        lower = self._optimistic_best(count)
+        if not lower > others[winner]:
+            return False
+        why = (
+            f"its best on estimates ({lower:.6g} s) is slower than the measured plan of "
+            f"{winner} micro-batches ({others[winner]:.6g} s)"
+        )
+        logger.info("%d micro-batches: stopped in the round: %s", count, why)
+        self.dropped[count] = why
+        self.live.discard(count)
+        return True
+
+    def _optimistic_best(self, count: int) -> float:
+        """`count`'s optimistic best on its estimates now (a count's estimates lean on the
+        other counts' measurements: recomputed when any count's grow)."""
+        seen = sum(len(s.measured) for s in self.searches.values())
+        cached = self._optimistic.get(count)
+        if cached is None or cached[0] != seen:
+            search = self.searches[count]
+            ranked = search.proposals(search.optimistic_table(search.point_table()))
+            cached = (seen, ranked[0][1].time if ranked else math.inf)
+            self._optimistic[count] = cached
+        return cached[1]
+
+    def _measured_best(self, count: int) -> float:
+        """The simulated time of `count`'s fastest plan of measured stages (inf: none)."""
+        search = self.searches[count]
+        cached = self._measured.get(count)
+        if cached is None or cached[0] != len(search.measured):
+            table = build_cost_table(
+                search.spec,
+                search.cluster,
+                search.space,
+                search.measured,
+                search.options.include_communication,
+            )
+            times = [p.time for _, p in search.proposals(table) if math.isfinite(p.time)]
+            cached = (len(search.measured), min(times, default=math.inf))
+            self._measured[count] = cached
+        return cached[1]
 
     def _narrow(self, wanted: dict[int, list[Key]]) -> None:
         """Of each count's stages in `wanted` keep: one, where it is not `self_calibrated`;

@@ -13,6 +13,7 @@ import pytest
 from planner import EstimateSearch, build_plan, enumerate_candidates
 from planner.layer_profiles import layer_profile_keys, with_layer_profiles
 from planner.microbatches import MicrobatchSearch
+from planner.verify_report import stage_key
 from tests.planner.test_microbatches import (
     CLASSES,
     GLOBAL,
@@ -65,11 +66,13 @@ def test_a_count_without_longer_stages_takes_the_others_length_law_and_band() ->
 
 
 def search_all(
-    counts: list[int], calibrate: bool, narrow: bool = True
+    counts: list[int], calibrate: bool, narrow: bool = True, judge: bool = False
 ) -> tuple[MicrobatchSearch, dict, int]:
     """The search over `counts` run to its end on the lengthened tables (`calibrate` False:
     each count learns only from its own stages; `narrow` False: every count asks for all
-    its stages at once); the stages it measured in its rounds."""
+    its stages at once; `judge`: as a job measures a round, one stage at a time, the lowest
+    optimistic best's count first, each count judged before its next stage and its stages
+    not measured once it is `beaten`); the stages it measured in its rounds."""
     searches, full = problems(counts)
     multi = MicrobatchSearch(searches, GLOBAL)
     if not narrow:
@@ -80,8 +83,11 @@ def search_all(
     measured = 0
     wanted = multi.next_round()
     while wanted:
-        for count, keys in wanted.items():
-            for key in keys:
+        order = sorted(wanted, key=lambda b: (multi.searches[b].best_time or math.inf, b))
+        for count in order if judge else wanted:
+            for key in wanted[count]:
+                if judge and multi.beaten(count):
+                    break
                 multi.add(count, [key], full[count][0][key])
                 measured += 1
         wanted = multi.next_round()
@@ -111,3 +117,36 @@ def test_counts_asking_for_their_costliest_stages_first_measure_fewer(
     best = min(p.predicted_iteration_time_s for _, p in full.values())
     assert math.isclose(narrow.plan().predicted_iteration_time_s, best, rel_tol=1e-9)
     assert measured < all_at_once
+
+
+@pytest.mark.parametrize("counts", [[2, 4, 8, 16], [1, 2, 4, 8, 16], [4, 8, 16]])
+def test_counts_judged_as_a_round_measures_give_the_optimum(counts: list[int]) -> None:
+    judged, full, measured = search_all(counts, calibrate=True, judge=True)
+    plan = judged.plan()
+    best = min(p.predicted_iteration_time_s for _, p in full.values())
+    assert math.isclose(plan.predicted_iteration_time_s, best, rel_tol=1e-9)
+    assert all(s.measured for s in plan.stages)
+    _, _, by_rounds = search_all(counts, calibrate=True)
+    assert measured < by_rounds  # 9 against 10, 10 against 11, 8 against 10
+
+
+def test_a_count_is_beaten_by_a_measured_plan_of_another_not_by_estimates() -> None:
+    counts = [2, 4, 8, 16]
+    searches, full = problems(counts)
+    multi = MicrobatchSearch(searches, GLOBAL)
+    multi.next_round()  # every count's best on its estimates
+    assert not any(multi.beaten(b) for b in counts)  # no count has a measured plan yet
+    times = {b: plan.predicted_iteration_time_s for b, (_, plan) in full.items()}
+    fastest, slowest = min(times, key=times.__getitem__), max(times, key=times.__getitem__)
+    results, plan = full[fastest]
+    for stage in plan.stages:
+        key = stage_key(stage)
+        multi.add(fastest, [key], results[key])
+    assert not multi.beaten(fastest)  # its own plan does not beat it
+    assert not any(multi.beaten(b) for b in counts)  # the others' estimates are lower still
+    for key, result in full[slowest][0].items():  # every stage of the slowest count measured
+        multi.add(slowest, [key], result)
+    assert multi.beaten(slowest)
+    assert multi.dropped[slowest].endswith(f"of {fastest} micro-batches ({times[fastest]:.6g} s)")
+    assert slowest not in multi.live
+    assert not multi.next_round().get(slowest)  # stopped: never asks again

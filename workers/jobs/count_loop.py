@@ -17,6 +17,7 @@ sizes (`planner.batch_profiles`) and given to that count's search as an estimate
 """
 
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from planner.batch_profiles import Ident, ident_index, inside, interpolated_profile, stage_ident
@@ -34,17 +35,26 @@ Key = tuple[int, int, int, int]
 
 
 class _CountsSink:
-    """Feeds each result to the search of the count whose stage it is."""
+    """Feeds each result to the search of the count whose stage it is; in the rounds
+    (`judging`), a stage of a count the results so far have beaten
+    (`MicrobatchSearch.beaten`) is not measured (stored as pruned)."""
 
-    def __init__(self, loops: Mapping[int, EstimateLoop], count_of: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        loops: Mapping[int, EstimateLoop],
+        count_of: Mapping[str, int],
+        search: MicrobatchSearch,
+    ) -> None:
         self.loops = loops
         self.count_of = count_of
+        self.search = search
+        self.judging = False
 
     def add(self, fingerprint: str, keys: Iterable[Key], result: StageProfileResult) -> None:
         self.loops[self.count_of[fingerprint]].search.add(keys, result)
 
     def prunable(self, fingerprint: str, keys: Iterable[Key]) -> bool:
-        return False
+        return self.judging and self.search.beaten(self.count_of[fingerprint])
 
 
 class CountsLoop:
@@ -69,7 +79,7 @@ class CountsLoop:
                 self.keys_by_fp[fp] = keys
                 self.count_of[fp] = b
                 self.model_of[fp] = ctx.model_key
-        self._sink = _CountsSink(self.loops, self.count_of)
+        self._sink = _CountsSink(self.loops, self.count_of, self.search)
 
     @property
     def sizes(self) -> list[int]:
@@ -99,6 +109,7 @@ class CountsLoop:
                     alive.append(step)
             self._measure(wanted)
             steps = alive
+        self._sink.judging = True
         while True:
             keeper.check()
             self.loops[min(self.loops)].say("estimates")
@@ -106,8 +117,8 @@ class CountsLoop:
             if not asked:
                 break
             wanted = []
-            for b, keys in asked.items():
-                fresh = self.loops[b].fresh(keys)
+            for b in self._by_promise(asked):
+                fresh = self.loops[b].fresh(asked[b])
                 if fresh is None:  # measured already by another job: this count is done
                     self.search.live.discard(b)
                     continue
@@ -120,6 +131,12 @@ class CountsLoop:
             logger.info("job %s: %d micro-batches stopped early: %s", self.ctx.job_id, b, why)
         for loop in self.loops.values():
             loop.finish()
+
+    def _by_promise(self, asked: Mapping[int, list[Key]]) -> list[int]:
+        """The counts of a round, the lowest optimistic best first (the lead, whose measured
+        plan may beat the others before their stages come up: `_CountsSink.prunable`)."""
+        searches = self.search.searches
+        return sorted(asked, key=lambda b: (_or_inf(searches[b].best_time), b))
 
     def _between(self, profiles: Mapping[int, list[str]]) -> dict[int, set[str]]:
         """The layer profiles of each count (`profiles`: its first step) at a size strictly
@@ -224,6 +241,10 @@ class CountsLoop:
             model_of=self.model_of,
             unsplit=set(twins.values()),
         )
+
+
+def _or_inf(seconds: float | None) -> float:
+    return math.inf if seconds is None else seconds
 
 
 def search_counts(contexts: Mapping[int, JobContext]) -> Plan:
