@@ -102,6 +102,8 @@ class MicrobatchSearch:
     dropped: dict[int, str] = field(default_factory=dict)
     # counts that waited in the last round: their optimistic best, far above the lowest count's
     deferred: set[int] = field(default_factory=set)
+    # counts that asked for part of their stages in the last round (`_narrow`)
+    narrowed: set[int] = field(default_factory=set)
     rounds: int = 0
     # `beaten`'s figures: each count's (measurements they rest on, seconds)
     _optimistic: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
@@ -152,6 +154,21 @@ class MicrobatchSearch:
         self._defer(wanted)
         self._narrow(wanted)
         return wanted
+
+    def measure_order(self, wanted: Mapping[int, list[Key]]) -> list[int]:
+        """The counts of a round in the order their stages are measured: first those asking
+        for their whole best plan, the fewest stages from a measured plan first (a measured
+        plan is what stops the others: `beaten`), then the narrowed ones; the lowest
+        optimistic best first among equals."""
+        return sorted(
+            wanted,
+            key=lambda b: (
+                b in self.narrowed,
+                len(self.searches[b].best_unmeasured),
+                math.inf if (t := self.searches[b].best_time) is None else t,
+                b,
+            ),
+        )
 
     def beaten(self, count: int) -> bool:
         """Whether `count` cannot answer on what is measured by now: `next_round`'s stop rule
@@ -214,6 +231,7 @@ class MicrobatchSearch:
         plan to be judged against. Its best plan's stages first, longer stages first, the
         highest estimates first; the rest are asked for again next round if it still could
         be best."""
+        self.narrowed = set()
         if len(wanted) < 2 and not self.measured_best:
             return
         known = self._optimistic_bests(wanted)
@@ -239,6 +257,7 @@ class MicrobatchSearch:
                 len(keys),
             )
             wanted[b] = ranked[:keep]
+            self.narrowed.add(b)
 
     def _optimistic_bests(self, wanted: Mapping[int, list[Key]]) -> dict[int, float]:
         """The optimistic best (`EstimateSearch.best_time`) of each count in `wanted` that

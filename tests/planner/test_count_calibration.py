@@ -70,9 +70,9 @@ def search_all(
 ) -> tuple[MicrobatchSearch, dict, int]:
     """The search over `counts` run to its end on the lengthened tables (`calibrate` False:
     each count learns only from its own stages; `narrow` False: every count asks for all
-    its stages at once; `judge`: as a job measures a round, one stage at a time, the lowest
-    optimistic best's count first, each count judged before its next stage and its stages
-    not measured once it is `beaten`); the stages it measured in its rounds."""
+    its stages at once; `judge`: as a job measures a round, one stage at a time, the counts
+    in `measure_order`, each judged before its next stage and not measured further once it
+    is `beaten`); the stages it measured in its rounds."""
     searches, full = problems(counts)
     multi = MicrobatchSearch(searches, GLOBAL)
     if not narrow:
@@ -83,8 +83,7 @@ def search_all(
     measured = 0
     wanted = multi.next_round()
     while wanted:
-        order = sorted(wanted, key=lambda b: (multi.searches[b].best_time or math.inf, b))
-        for count in order if judge else wanted:
+        for count in multi.measure_order(wanted) if judge else wanted:
             for key in wanted[count]:
                 if judge and multi.beaten(count):
                     break

@@ -17,7 +17,6 @@ sizes (`planner.batch_profiles`) and given to that count's search as an estimate
 """
 
 import logging
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from planner.batch_profiles import Ident, ident_index, inside, interpolated_profile, stage_ident
@@ -117,7 +116,7 @@ class CountsLoop:
             if not asked:
                 break
             wanted = []
-            for b in self._by_promise(asked):
+            for b in self.search.measure_order(asked):
                 fresh = self.loops[b].fresh(asked[b])
                 if fresh is None:  # measured already by another job: this count is done
                     self.search.live.discard(b)
@@ -131,12 +130,6 @@ class CountsLoop:
             logger.info("job %s: %d micro-batches stopped early: %s", self.ctx.job_id, b, why)
         for loop in self.loops.values():
             loop.finish()
-
-    def _by_promise(self, asked: Mapping[int, list[Key]]) -> list[int]:
-        """The counts of a round, the lowest optimistic best first (the lead, whose measured
-        plan may beat the others before their stages come up: `_CountsSink.prunable`)."""
-        searches = self.search.searches
-        return sorted(asked, key=lambda b: (_or_inf(searches[b].best_time), b))
 
     def _between(self, profiles: Mapping[int, list[str]]) -> dict[int, set[str]]:
         """The layer profiles of each count (`profiles`: its first step) at a size strictly
@@ -241,10 +234,6 @@ class CountsLoop:
             model_of=self.model_of,
             unsplit=set(twins.values()),
         )
-
-
-def _or_inf(seconds: float | None) -> float:
-    return math.inf if seconds is None else seconds
 
 
 def search_counts(contexts: Mapping[int, JobContext]) -> Plan:
