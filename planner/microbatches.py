@@ -104,6 +104,8 @@ class MicrobatchSearch:
     deferred: set[int] = field(default_factory=set)
     # counts that asked for part of their stages in the last round (`_narrow`)
     narrowed: set[int] = field(default_factory=set)
+    # counts whose stages left in this round wait (`held_back`)
+    held: set[int] = field(default_factory=set)
     rounds: int = 0
     # `beaten`'s figures: each count's (measurements they rest on, seconds)
     _optimistic: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
@@ -128,6 +130,7 @@ class MicrobatchSearch:
     def next_round(self) -> dict[int, list[Key]]:
         """The stages each count wants measured next; empty when every count is done."""
         self.rounds += 1
+        self.held = set()
         wanted: dict[int, list[Key]] = {}
         for b in sorted(self.live):
             search = self.searches[b]
@@ -169,6 +172,37 @@ class MicrobatchSearch:
                 b,
             ),
         )
+
+    def not_now(self, count: int) -> bool:
+        """Whether the stages `count` has left in this round are not measured now: it is
+        `beaten` (stopped) or `held_back` (asked again next round if it still could be best)."""
+        return self.beaten(count) or self.held_back(count)
+
+    def held_back(self, count: int) -> bool:
+        """Whether `count` waits for the rest of this round: `_defer`'s rule judged as the
+        round's results come in (its optimistic best, on its estimates now, more than the
+        band above the lowest of the other live counts'). Only delays, as `_defer` does."""
+        if count in self.held:
+            return True
+        if count not in self.live:
+            return False
+        others = {c: self._optimistic_best(c) for c in self.live if c != count}
+        lead = min(others, key=lambda c: (others[c], c), default=None)
+        if lead is None or not math.isfinite(others[lead]):
+            return False
+        lower = self._optimistic_best(count)
+        if not lower > others[lead] * (1.0 + self.searches[lead].band()):
+            return False
+        logger.info(
+            "%d micro-batches: waits for the rest of the round: its best on estimates (%.6g s) "
+            "is more than the band above that of %d micro-batches (%.6g s)",
+            count,
+            lower,
+            lead,
+            others[lead],
+        )
+        self.held.add(count)
+        return True
 
     def beaten(self, count: int) -> bool:
         """Whether `count` cannot answer on what is measured by now: `next_round`'s stop rule

@@ -7,8 +7,9 @@ micro-batch size) and its own `EstimateLoop`. `CountsLoop` runs their steps side
 the layer profiles of every count together, then rounds of `planner.MicrobatchSearch`, which
 stops a count whose optimistic best is slower than a plan of measured stages another count
 has; each step's stages of every count go to the pool together (tasks name their count's
-spec: `GroupPool.add_model`). The plan is the fastest count's (`choose_count`), every
-count's best beside it.
+spec: `GroupPool.add_model`), a round's in `MicrobatchSearch.measure_order`, each count
+judged again as the round's results come in (`MicrobatchSearch.not_now`). The plan is the
+fastest count's (`choose_count`), every count's best beside it.
 
 A layer profile is measured only at the smallest and the largest micro-batch size that has
 its submesh and config; at the sizes between, it is interpolated from the nearest measured
@@ -34,26 +35,17 @@ Key = tuple[int, int, int, int]
 
 
 class _CountsSink:
-    """Feeds each result to the search of the count whose stage it is; in the rounds
-    (`judging`), a stage of a count the results so far have beaten
-    (`MicrobatchSearch.beaten`) is not measured (stored as pruned)."""
+    """Feeds each result to the search of the count whose stage it is."""
 
-    def __init__(
-        self,
-        loops: Mapping[int, EstimateLoop],
-        count_of: Mapping[str, int],
-        search: MicrobatchSearch,
-    ) -> None:
+    def __init__(self, loops: Mapping[int, EstimateLoop], count_of: Mapping[str, int]) -> None:
         self.loops = loops
         self.count_of = count_of
-        self.search = search
-        self.judging = False
 
     def add(self, fingerprint: str, keys: Iterable[Key], result: StageProfileResult) -> None:
         self.loops[self.count_of[fingerprint]].search.add(keys, result)
 
     def prunable(self, fingerprint: str, keys: Iterable[Key]) -> bool:
-        return self.judging and self.search.beaten(self.count_of[fingerprint])
+        return False
 
 
 class CountsLoop:
@@ -78,7 +70,7 @@ class CountsLoop:
                 self.keys_by_fp[fp] = keys
                 self.count_of[fp] = b
                 self.model_of[fp] = ctx.model_key
-        self._sink = _CountsSink(self.loops, self.count_of, self.search)
+        self._sink = _CountsSink(self.loops, self.count_of)
 
     @property
     def sizes(self) -> list[int]:
@@ -108,7 +100,6 @@ class CountsLoop:
                     alive.append(step)
             self._measure(wanted)
             steps = alive
-        self._sink.judging = True
         while True:
             keeper.check()
             self.loops[min(self.loops)].say("estimates")
@@ -125,7 +116,7 @@ class CountsLoop:
             if not wanted:
                 break
             self.loops[min(self.loops)].say(f"verification round {self.search.rounds}")
-            self._measure(wanted)
+            self._measure(wanted, judged=True)
         for b, why in self.search.dropped.items():
             logger.info("job %s: %d micro-batches stopped early: %s", self.ctx.job_id, b, why)
         for loop in self.loops.values():
@@ -207,9 +198,12 @@ class CountsLoop:
         """The fastest count's plan, every count's best beside it (`choose_count`)."""
         return choose_count(self.plans(), self.search.global_batch)
 
-    def _measure(self, fps: Sequence[str]) -> None:
+    def _measure(self, fps: Sequence[str], judged: bool = False) -> None:
         """Measure `fps` (of every count) on the job's pool; the stages a count's loop
-        measures without the split backward (`EstimateLoop.unsplit`) as their twins."""
+        measures without the split backward (`EstimateLoop.unsplit`) as their twins.
+        `judged` (a round's stages): each count is judged again before each of its stages
+        goes to an actor, and its stages the round's results so far leave no use for now
+        (`MicrobatchSearch.not_now`) are put back unmeasured (`EstimateLoop.put_back`)."""
         ctx = self.ctx
         wanted = by_group_shape(list(fps), self.keys_by_fp, ctx.space, ctx.layout)
         if not wanted:
@@ -222,6 +216,15 @@ class CountsLoop:
             self.keys_by_fp[twin] = self.keys_by_fp[fp]
             self.count_of[twin] = self.count_of[fp]
             self.model_of[twin] = self.model_of[fp]
+        original = {twin: fp for fp, twin in twins.items()}
+
+        def postpone(fp: str) -> bool:
+            count = self.count_of[fp]
+            if not self.search.not_now(count):
+                return False
+            self.loops[count].put_back([original.get(fp, fp)])
+            return True
+
         ctx.phase.run(
             [twins.get(fp, fp) for fp in wanted],
             self.keys_by_fp,
@@ -233,6 +236,7 @@ class CountsLoop:
             keep_idle=True,  # the next step comes within seconds
             model_of=self.model_of,
             unsplit=set(twins.values()),
+            postpone=postpone if judged else None,
         )
 
 

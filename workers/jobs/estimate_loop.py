@@ -178,6 +178,11 @@ class EstimateLoop:
         self.pending.update(fps)
         self.unsplit.difference_update(fps)
 
+    def put_back(self, fps: Iterable[str]) -> None:
+        """Stages a round took (`fresh`) but did not measure: pending again, so a later round
+        may ask for them; else they are stored as estimated."""
+        self.pending.update(fps)
+
     def _unsplit(self, fps: list[str]) -> list[str]:
         """`fps`, of which those not asked for by name are measured without the split
         backward where the job measures it on demand."""

@@ -110,6 +110,7 @@ class MeasuringPhase:
         keep_idle: bool = False,
         model_of: Mapping[str, str] | None = None,
         unsplit: Collection[str] = (),
+        postpone: Callable[[str], bool] | None = None,
     ) -> None:
         """Submit stages as measuring groups free up (one group shape at a time: the pool
         accepts a stage when a group of its shape is free), skipping what cannot matter,
@@ -121,7 +122,9 @@ class MeasuringPhase:
         has more stages to come soon (the estimate search's next round): groups with nothing
         to do are kept once the queue is empty instead of given back. `model_of`: the model
         key of each stage's spec in the pool (`GroupPool.add_model`), when not the pool's own.
-        `unsplit`: stages measured without the split backward (`CandidateTask.unsplit`)."""
+        `unsplit`: stages measured without the split backward (`CandidateTask.unsplit`).
+        `postpone`: asked of each stage as it comes up; True drops it from the queue,
+        neither measured nor stored (the caller keeps it: `workers.jobs.count_loop`)."""
 
         def feed(fp: str, result: StageProfileResult) -> None:
             if pruner is not None:
@@ -136,6 +139,9 @@ class MeasuringPhase:
                 or self.pool.accepts(submeshes[keys_by_fp[queue[0]][0].submesh_id])
             ):
                 fp = queue[0]
+                if postpone is not None and postpone(fp):
+                    queue.popleft()
+                    continue
                 if pruner is not None and pruner.prunable(
                     fp, (k.as_tuple() for k in keys_by_fp[fp])
                 ):
