@@ -89,6 +89,15 @@ def choose_count(plans: Mapping[int, CountPlan], global_batch: int) -> Plan:
     )
 
 
+def _lowest(times: Mapping[int, float]) -> tuple[int, float] | None:
+    """The count of the lowest finite time of `times` with it (ties: fewer micro-batches)."""
+    finite = {b: t for b, t in times.items() if math.isfinite(t)}
+    if not finite:
+        return None
+    best = min(finite, key=lambda b: (finite[b], b))
+    return best, finite[best]
+
+
 @dataclass
 class MicrobatchSearch:
     """The estimate search of every count (see the module doc): `searches[B]` plans B
@@ -186,12 +195,12 @@ class MicrobatchSearch:
             return True
         if count not in self.live:
             return False
-        others = {c: self._optimistic_best(c) for c in self.live if c != count}
-        lead = min(others, key=lambda c: (others[c], c), default=None)
-        if lead is None or not math.isfinite(others[lead]):
+        found = _lowest({c: self._optimistic_best(c) for c in self.live if c != count})
+        if found is None:
             return False
+        lead, low = found
         lower = self._optimistic_best(count)
-        if not lower > others[lead] * (1.0 + self.searches[lead].band()):
+        if not lower > low * (1.0 + self.searches[lead].band()):
             return False
         logger.info(
             "%d micro-batches: waits for the rest of the round: its best on estimates (%.6g s) "
@@ -199,7 +208,7 @@ class MicrobatchSearch:
             count,
             lower,
             lead,
-            others[lead],
+            low,
         )
         self.held.add(count)
         return True
@@ -213,16 +222,16 @@ class MicrobatchSearch:
             return True
         if count not in self.live:
             return False
-        others = {c: self._measured_best(c) for c in self.searches if c != count}
-        winner = min(others, key=lambda c: (others[c], c), default=None)
-        if winner is None or not math.isfinite(others[winner]):
+        found = _lowest({c: self._measured_best(c) for c in self.searches if c != count})
+        if found is None:
             return False
+        winner, bound = found
         lower = self._optimistic_best(count)
-        if not lower > others[winner]:
+        if not lower > bound:
             return False
         why = (
             f"its best on estimates ({lower:.6g} s) is slower than the measured plan of "
-            f"{winner} micro-batches ({others[winner]:.6g} s)"
+            f"{winner} micro-batches ({bound:.6g} s)"
         )
         logger.info("%d micro-batches: stopped in the round: %s", count, why)
         self.dropped[count] = why
