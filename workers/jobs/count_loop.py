@@ -203,7 +203,9 @@ class CountsLoop:
         measures without the split backward (`EstimateLoop.unsplit`) as their twins.
         `judged` (a round's stages): each count is judged again before each of its stages
         goes to an actor, and its stages the round's results so far leave no use for now
-        (`MicrobatchSearch.not_now`) are put back unmeasured (`EstimateLoop.put_back`)."""
+        (`MicrobatchSearch.not_now`) are put back unmeasured (`EstimateLoop.put_back`); a
+        stage measured again with its split loses its record without it only as it goes to
+        an actor (`EstimateLoop.detach`)."""
         ctx = self.ctx
         wanted = by_group_shape(list(fps), self.keys_by_fp, ctx.space, ctx.layout)
         if not wanted:
@@ -217,10 +219,14 @@ class CountsLoop:
             self.count_of[twin] = self.count_of[fp]
             self.model_of[twin] = self.model_of[fp]
         original = {twin: fp for fp, twin in twins.items()}
+        if not judged:  # every stage goes to an actor: none waits for `postpone`
+            for loop in self.loops.values():
+                loop.detach(wanted)
 
         def postpone(fp: str) -> bool:
             count = self.count_of[fp]
             if not self.search.not_now(count):
+                self.loops[count].detach([original.get(fp, fp)])
                 return False
             self.loops[count].put_back([original.get(fp, fp)])
             return True

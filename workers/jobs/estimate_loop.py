@@ -60,6 +60,9 @@ class EstimateLoop:
         # stages measured without the split backward (`JobContext.splits_on_demand`): a
         # round that needs their split measures them again, split
         self.unsplit: set[str] = set()
+        # of those, the ones a round asked for again (`fresh`): their measurement without
+        # the split stays recorded until the split one goes to an actor (`detach`)
+        self.resplit: set[str] = set()
 
     @property
     def job_id(self) -> str:
@@ -89,6 +92,7 @@ class EstimateLoop:
 
         def measure(fps: list[str]) -> None:
             wanted = self.ctx.by_group_shape(fps)
+            self.detach(wanted)
             if wanted:  # keep_idle: the next round comes within seconds
                 self.ctx.measure(wanted, sink, keep_idle=True, unsplit=self.unsplit)
 
@@ -151,9 +155,8 @@ class EstimateLoop:
         nothing new (stages measured already: a race with another job)."""
         fps = list(dict.fromkeys(self.fp_of[k] for k in keys))
         again = [fp for fp in fps if fp in self.unsplit]  # their split is wanted now
-        if again:
-            self.unsplit.difference_update(again)
-            self._forget(again)
+        self.unsplit.difference_update(again)
+        self.resplit.update(again)
         taken = set(self._take(fps)) | set(again)
         fresh = [fp for fp in fps if fp in taken]
         if fresh:
@@ -180,8 +183,23 @@ class EstimateLoop:
 
     def put_back(self, fps: Iterable[str]) -> None:
         """Stages a round took (`fresh`) but did not measure: pending again, so a later round
-        may ask for them; else they are stored as estimated."""
-        self.pending.update(fps)
+        may ask for them; else they are stored as estimated. One whose split the round
+        wanted keeps its measurement without the split, as before the round (`detach`)."""
+        for fp in fps:
+            if fp in self.resplit:
+                self.resplit.discard(fp)
+                self.unsplit.add(fp)
+            else:
+                self.pending.add(fp)
+
+    def detach(self, fps: Iterable[str]) -> None:
+        """`fps` go to the actors now: the job's candidates of those a round wants split
+        (`fresh`) lose their measurement without the split (recorded again once measured
+        split)."""
+        again = [fp for fp in fps if fp in self.resplit]
+        if again:
+            self.resplit.difference_update(again)
+            self._forget(again)
 
     def _unsplit(self, fps: list[str]) -> list[str]:
         """`fps`, of which those not asked for by name are measured without the split
