@@ -31,7 +31,7 @@ test: install chromium
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy schemas programs store planner workers server client cli migrations
+	$(BIN)/mypy schemas programs store planner workers server client cli migrations examples
 	$(BIN)/lint-imports
 
 format: install

@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the spec JSON here")
     args = parser.parse_args(argv)
 
-    forward = hk.without_apply_rng(hk.transform(lambda t: LM(args.blocks, args.hidden)(t)))
+    forward: hk.Transformed = hk.without_apply_rng(
+        hk.transform(lambda t: LM(args.blocks, args.hidden)(t))
+    )
     tokens = jax.random.randint(jax.random.key(1), (BATCH, SEQ + 1), 0, VOCAB)
     batch = {"x": tokens[:, :-1], "y": tokens[:, 1:]}
     params = forward.init(jax.random.key(0), batch["x"])

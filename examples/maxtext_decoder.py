@@ -46,6 +46,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         init = nn.with_logical_partitioning(nn.initializers.ones, ("norm",))
         scale = self.param("scale", init, (x.shape[-1],))
+        assert isinstance(scale, jax.Array)  # unboxed: `param` strips the logical axes
         return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
 
 

@@ -34,6 +34,8 @@ def build(kind: str, blocks: int, hidden: int) -> tuple[Any, Any]:
     import transformers as hf
 
     heads = max(1, hidden // 16)
+    cfg: hf.PretrainedConfig
+    model: hf.FlaxPreTrainedModel
     if kind == "gpt2":
         cfg = hf.GPT2Config(
             vocab_size=VOCAB, n_positions=SEQ, n_embd=hidden, n_layer=blocks, n_head=heads
