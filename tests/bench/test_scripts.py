@@ -4,6 +4,7 @@ satisfy whatever the timing is."""
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,28 @@ def test_mesh_axes_time_to_plan() -> None:
     assert mesh["configs"] and all(c.endswith("/maxtext") for c in mesh["configs"])
     assert not any(c.endswith("/maxtext") for c in default["configs"])
     assert out["mesh_over_default"] > 0 and "small-exhaustive" not in out
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_baseline_side_by_side(tmp_path: Path) -> None:
+    """An earlier commit's default search beside today's and the counts job, interleaved:
+    here the baseline is this checkout's HEAD, checked out as a worktree that the script
+    removes again; every side reports its commit and the ratios are of the means."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    args = ("--baseline", head, "--rounds", "1", "--pause", "0", "--quick")
+    args += ("--micro-batches", "2,4", "--global-batch", "8", "--work-dir", str(tmp_path))
+    out = run_script("baseline_side_by_side.py", *args)
+    (one,) = out["rounds"]
+    assert set(one) == {"baseline", "today", "counts"}
+    assert one["baseline"]["commit"] == head  # run from the worktree, at that commit
+    assert one["counts"]["measured"] > one["counts"]["default_measured"] > 0
+    assert out["counts_over_baseline"] == pytest.approx(
+        one["counts"]["wall_s"] / one["baseline"]["wall_s"]
+    )
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    assert str(tmp_path) not in worktrees
